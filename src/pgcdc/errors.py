@@ -94,3 +94,12 @@ class DecodeError(PgcdcError, ValueError):
 
 class ProtocolError(DecodeError):
     """A COPY-BOTH replication sub-protocol message is malformed or unexpected."""
+
+
+class UnknownRelation(DecodeError):
+    """A change names a relation whose Relation message the decoder has not seen: decoding began
+    mid-stream without the state that went with that position."""
+
+    def __init__(self, message: str, *, relation_oid: int) -> None:
+        super().__init__(message)
+        self.relation_oid = relation_oid
