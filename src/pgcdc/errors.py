@@ -103,3 +103,18 @@ class UnknownRelation(DecodeError):
     def __init__(self, message: str, *, relation_oid: int) -> None:
         super().__init__(message)
         self.relation_oid = relation_oid
+
+
+# --- connection (pgcdc.connection.replication) -----------------------------------------------
+
+
+class InvalidArgument(PgcdcError, ValueError):
+    """A value pgcdc was asked to send cannot be sent as given (e.g. a NUL byte in a name)."""
+
+
+class ConnectionFailed(PgcdcError):
+    """Could not open a connection (unreachable host, TLS verification, refused by server)."""
+
+
+class AuthenticationFailed(ConnectionFailed):
+    """The server rejected the credentials; check the password, .pgpass and pg_hba.conf."""
