@@ -118,3 +118,51 @@ class ConnectionFailed(PgcdcError):
 
 class AuthenticationFailed(ConnectionFailed):
     """The server rejected the credentials; check the password, .pgpass and pg_hba.conf."""
+
+
+# --- the durable change log ------------------------------------------------------------------
+
+
+class ChangeLogError(PgcdcError):
+    """A problem with the durable change log (``pgcdc.changelog``)."""
+
+
+class CorruptChangeLog(ChangeLogError, DecodeError):
+    """A change log file is damaged where it cannot be a torn tail (a sealed segment, a header)."""
+
+
+class ChangeLogLocked(ChangeLogError):
+    """Another writer holds the change log; only one process may append to it."""
+
+
+class UnloggableInput(ChangeLogError, ValueError):
+    """A transaction, event, value or name cannot be stored in the change log as given."""
+
+
+class UnknownConsumer(ChangeLogError, KeyError):
+    """A change log consumer name was used before ``register``."""
+
+
+# --- Delta Lake sinks ------------------------------------------------------------------------
+
+
+class SinkError(PgcdcError):
+    """A batch of changes cannot be written to a Delta table as it stands."""
+
+
+class InvalidChangeBatch(SinkError, ValueError):
+    """A change table does not follow the sink's input contract (``pgcdc.sinks.changes``)."""
+
+
+class SchemaChangeError(SinkError):
+    """A source column changed type in a way the Delta table cannot follow without losing data."""
+
+    def __init__(self, message: str, *, table: str, column: str, lsn: object) -> None:
+        super().__init__(message)
+        self.table = table
+        self.column = column
+        self.lsn = lsn
+
+
+class UnresolvedToastError(SinkError):
+    """An unchanged TOASTed value has no earlier value to carry (not in the batch or the table)."""
