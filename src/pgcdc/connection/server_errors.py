@@ -1,8 +1,17 @@
-"""Turn the server's ErrorResponses into pgcdc's typed errors with a fix in the message."""
+"""Turn the server's ErrorResponses into pgcdc's typed errors with a fix in the message.
+
+The SQLSTATE alone is too coarse (42501 covers both a missing REPLICATION attribute and a
+plugin library the server refuses to load), so the primary message and its DETAIL are matched
+too. Messages differ between versions (PostgreSQL 16+ quotes GUC names: ``"wal_level"``), so
+the patterns below accept both spellings. Errors raised while connecting carry no SQLSTATE at
+all in libpq: ``from_psycopg`` recovers the server's FATAL text from the connection message.
+"""
 
 from __future__ import annotations
 
 import re
+
+import psycopg
 
 from pgcdc import errors
 
@@ -18,10 +27,23 @@ UNDEFINED_FILE = "58P01"
 
 _ACTIVE_PID = re.compile(r"is active for PID (\d+)")
 _SLOT_NAME = re.compile(r'replication slot "([^"]*)"')
+_PUBLICATION_NAME = re.compile(r'publication "([^"]*)" does not exist')
+_PLUGIN_LIBRARY = re.compile(r'(?:library|file) "([^"]*)"')
+# libpq's text for a refused connection: '... failed: FATAL:  <message>\nDETAIL:  <detail>'.
+_FATAL = re.compile(r"FATAL:\s+(?P<message>[^\n]*)(?:\nDETAIL:\s+(?P<detail>[^\n]*))?")
+_NO_REPLICATION_ATTRIBUTE = re.compile(
+    r"superuser or replication role|REPLICATION attribute|to start WAL ?sender"
+    r"|permission denied to use replication slots",
+    re.IGNORECASE,
+)
+_WAL_SENDERS_EXHAUSTED = re.compile(r"max_wal_senders")
 
 
-def translate(sqlstate: str | None, message: str, detail: str | None = None) -> errors.PgcdcError:
+def translate(
+    sqlstate: str | None, message: str, detail: str | None = None, hint: str | None = None
+) -> errors.PgcdcError:
     """The most specific typed error for a server error; ServerError when nothing fits."""
+    text = f"{message}\n{detail or ''}"
     slot = _SLOT_NAME.search(message)
     slot_name = slot.group(1) if slot else ""
     if sqlstate == OBJECT_IN_USE and slot:
@@ -29,48 +51,94 @@ def translate(sqlstate: str | None, message: str, detail: str | None = None) -> 
         return errors.SlotInUse(
             f"{message}: another client is streaming from slot {slot_name!r}"
             + (f" (pid {pid.group(1)})" if pid else "")
-            + "; stop it, or terminate it with pg_terminate_backend(pid), then retry",
+            + "; stop it, or terminate it with "
+            + (
+                f"SELECT pg_terminate_backend({pid.group(1)})"
+                if pid
+                else "pg_terminate_backend(pid)"
+            )
+            + ", then retry",
             slot=slot_name,
             active_pid=int(pid.group(1)) if pid else None,
         )
     if sqlstate == UNDEFINED_OBJECT and slot and "does not exist" in message:
         return errors.SlotNotFound(
             f"{message}; create it first (pgcdc --create-slot, or "
-            f"pg_create_logical_replication_slot('{slot_name}', 'pgoutput'))"
+            f"SELECT pg_create_logical_replication_slot('{slot_name}', 'pgoutput'))"
         )
     if sqlstate == DUPLICATE_OBJECT and slot:
         return errors.SlotAlreadyExists(
-            f"{message}; use it, drop it first, or pass --if-not-exists"
+            f"{message}; use it, drop it first (SELECT pg_drop_replication_slot('{slot_name}')), "
+            "or pass --if-not-exists"
         )
     if "wal_level" in message and "logical" in message:
         return errors.WalLevelNotLogical(
-            f"{message}; set wal_level = logical in postgresql.conf and restart the server"
+            f"{message}; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET "
+            "wal_level = logical) and restart the server"
         )
     if sqlstate == CONFIGURATION_LIMIT_EXCEEDED and "replication slot" in message:
         return errors.NoFreeReplicationSlot(
-            f"{message}; drop an unused slot (see pgcdc slots) or raise max_replication_slots "
-            "and restart"
+            f"{message}; drop an unused slot (list them with SELECT slot_name, active FROM "
+            "pg_replication_slots, drop with SELECT pg_drop_replication_slot('<name>')) or raise "
+            "max_replication_slots and restart the server"
         )
-    if sqlstate == TOO_MANY_CONNECTIONS and "wal sender" in message.lower():
-        return errors.NoFreeWalSender(
-            f"{message}; raise max_wal_senders and restart, or stop another replication client"
+    if "output plugin" in message and sqlstate == INSUFFICIENT_PRIVILEGE:
+        # PostgreSQL 18.x: the library is not listed in output_plugin_libraries.
+        library = _PLUGIN_LIBRARY.search(message)
+        name = library.group(1) if library else "<plugin>"
+        return errors.PluginNotInstalled(
+            f"{message}; the server only loads output plugins listed in output_plugin_libraries: "
+            f"install the {name!r} shared library on the server, add it to "
+            "output_plugin_libraries in postgresql.conf and reload the server configuration"
         )
-    if sqlstate == INSUFFICIENT_PRIVILEGE and "replication" in message.lower():
+    if sqlstate in (INSUFFICIENT_PRIVILEGE, None) and _NO_REPLICATION_ATTRIBUTE.search(text):
         return errors.MissingReplicationPrivilege(
-            f"{message}; grant it with ALTER ROLE <role> WITH REPLICATION"
+            f"{message}; grant it with ALTER ROLE <role> WITH REPLICATION (as a superuser)"
+        )
+    if sqlstate in (TOO_MANY_CONNECTIONS, None) and _WAL_SENDERS_EXHAUSTED.search(message):
+        return errors.NoFreeWalSender(
+            f"{message}; raise max_wal_senders (ALTER SYSTEM SET max_wal_senders = <n>) and "
+            "restart the server, or stop another replication client (see SELECT pid, "
+            "application_name FROM pg_stat_replication)"
         )
     if sqlstate == UNDEFINED_FILE or "could not access file" in message:
+        library = _PLUGIN_LIBRARY.search(message)
+        name = library.group(1) if library else "<plugin>"
         return errors.PluginNotInstalled(
-            f"{message}; install the output plugin's shared library on the server "
-            "(pgoutput and test_decoding ship with PostgreSQL; test_decoding is in contrib)"
+            f"{message}; the output plugin {name!r} is not installed on the server: install its "
+            "shared library into the server's lib directory (pg_config --pkglibdir), or use "
+            "pgoutput, which ships with PostgreSQL (test_decoding is in contrib)"
         )
-    if "publication" in message and "does not exist" in message:
+    publication = _PUBLICATION_NAME.search(message)
+    if publication:
         return errors.PublicationNotFound(
-            f"{message}; create it with CREATE PUBLICATION <name> FOR ALL TABLES (or FOR TABLE ...)"
+            f'{message}; create it with CREATE PUBLICATION "{publication.group(1)}" FOR ALL '
+            "TABLES (or FOR TABLE ...), or pass the name of an existing one"
         )
-    if slot and ("invalidated" in message or "can no longer" in message):
+    if slot and ("invalidated" in text or "can no longer" in message):
         return errors.SlotInvalidated(
-            f"{message}; the slot lost WAL it needed: drop and recreate it, then take a new "
-            "initial snapshot"
+            f"{message}"
+            + (f" ({detail})" if detail else "")
+            + f"; the slot lost WAL or catalog rows it needed: drop it (SELECT "
+            f"pg_drop_replication_slot('{slot_name}')), recreate it, then take a new initial "
+            "snapshot"
         )
     return errors.ServerError(message, sqlstate=sqlstate, detail=detail)
+
+
+def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:
+    """``translate`` for a psycopg exception, including refused connections (no SQLSTATE)."""
+    diag = error.diag
+    if diag.sqlstate and diag.message_primary:
+        return translate(
+            diag.sqlstate, diag.message_primary, diag.message_detail, diag.message_hint
+        )
+    fatal = _FATAL.search(str(error))
+    if fatal:
+        return translate(None, fatal.group("message").strip(), fatal.group("detail"))
+    if isinstance(error, psycopg.OperationalError):
+        return errors.ConnectionLost(
+            f"{str(error).strip()}; check that the server is running and reachable with this "
+            "conninfo (host, port, sslmode) and that pg_hba.conf admits the connection"
+        )
+    return errors.ServerError(str(error).strip(), sqlstate=error.sqlstate)
