@@ -166,3 +166,9 @@ class SchemaChangeError(SinkError):
 
 class UnresolvedToastError(SinkError):
     """An unchanged TOASTed value has no earlier value to carry (not in the batch or the table)."""
+
+
+class MissingOutputData(DecodeError):
+    """The plugin's output is well formed but lacks what an event needs (test_decoding prints no
+    row data for streamed changes, and no timestamps without include-timestamp); decoding on
+    would lose data, so the message names the plugin option that supplies it."""
