@@ -172,3 +172,24 @@ class MissingOutputData(DecodeError):
     """The plugin's output is well formed but lacks what an event needs (test_decoding prints no
     row data for streamed changes, and no timestamps without include-timestamp); decoding on
     would lose data, so the message names the plugin option that supplies it."""
+
+
+# --- transaction assembly (pgcdc.transactions) -----------------------------------------------
+
+
+class InvalidOption(ConfigurationError, ValueError):
+    """A decoding or assembly option has a value pgcdc cannot use; the message says which
+    values it accepts."""
+
+
+class InvalidTablePattern(InvalidOption):
+    """A white-table-list entry is not ``schema.table`` (``*`` for any name, no spaces)."""
+
+
+class TransactionSequenceError(DecodeError):
+    """Decoded events do not form transactions (a change outside Begin/Commit, a commit for a
+    transaction never begun): the stream was cut or resumed without its state."""
+
+
+class SpillError(PgcdcError):
+    """A transaction could not be spilled to, or read back from, its temporary file."""
