@@ -193,3 +193,11 @@ class TransactionSequenceError(DecodeError):
 
 class SpillError(PgcdcError):
     """A transaction could not be spilled to, or read back from, its temporary file."""
+
+
+# --- preflight (pgcdc.connection.preflight) --------------------------------------------------
+
+
+class SlotMismatch(ConfigurationError):
+    """An existing slot cannot serve this stream: it is physical, belongs to another database,
+    or decodes with another output plugin."""
