@@ -1,0 +1,516 @@
+"""Write batches of changes (``pgcdc.sinks.changes``) to Delta Lake tables with delta-rs.
+
+Three kinds of table per source table, each optional:
+
+changelog
+    Every change appended: the table's columns (new values), ``_op``, ``_commit_lsn``, ``_seq``,
+    ``_lsn``, ``_xid``, ``_commit_time``, ``_origin``, ``_unchanged`` and ``_old`` (a struct of
+    the table's columns). LSNs are Delta ``long`` (LSNs below 2**63; PostgreSQL would need
+    8 EiB of WAL to pass that). Unchanged TOASTed values stay null here, named in ``_unchanged``.
+mirror (SCD1)
+    The current rows, keyed by the replica identity, plus ``_commit_lsn`` and ``_commit_time`` of
+    the change that last wrote each row. One MERGE per batch.
+history (SCD2)
+    One row per version with ``_op`` (insert or update: what opened it), ``_valid_from_lsn``,
+    ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time`` and ``_is_current``. LSNs are
+    commit LSNs, so the state as of LSN L is ``_valid_from_lsn <= L < _valid_to_lsn``; an open
+    version has ``_valid_to_lsn`` = 2**63-1 and ``_valid_to_time`` = 9999-12-31 23:59:59.999999
+    UTC. A version replaced within its own transaction has an empty interval (from = to).
+
+Schema changes (``pgcdc.sinks.schema``): new columns are added; dropped columns stay in the
+Delta table: changelog and history rows written after the drop have null there, mirror rows keep
+the last value they had (a row inserted after the drop has null). A type widening rewrites the
+table once, in one commit.
+
+Exactly once: every data commit carries the Delta application transaction (``app_id``,
+``version``); a batch whose version the table already recorded is skipped. Schema commits
+before it are idempotent, so a crash between them and the data commit is harmless.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import warnings
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
+from pgcdc.sinks import changes as c
+from pgcdc.sinks.plan import Key, Version, assemble, plan
+from pgcdc.sinks.schema import align, delta_schema, evolve, normalize_read_type, to_delta
+
+log = logging.getLogger(__name__)
+
+LSN_TYPE = pa.int64()
+LSN_INFINITY = (1 << 63) - 1
+TIME_INFINITY = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+
+VALID_FROM_LSN = "_valid_from_lsn"
+VALID_TO_LSN = "_valid_to_lsn"
+VALID_FROM_TIME = "_valid_from_time"
+VALID_TO_TIME = "_valid_to_time"
+IS_CURRENT = "_is_current"
+_ACTION = "__pgcdc_action"
+
+
+class SinkKind(enum.Enum):
+    CHANGELOG = "changelog"
+    MIRROR = "mirror"
+    HISTORY = "history"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    table: str
+    kind: SinkKind
+    path: str
+    # False when the table had already recorded this batch version (a replay) or it was empty.
+    applied: bool
+    rows: int
+
+
+# --- preparing a batch -----------------------------------------------------------------------
+
+
+def _prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table]:
+    """Validate, convert to Delta types and order by (commit LSN, seq)."""
+    normalized = c.normalize(spec, changes)
+    dspec = replace(spec, schema=delta_schema(spec.schema))
+    arrays = []
+    for name in normalized.column_names:
+        array = normalized.column(name).combine_chunks()
+        if name in (c.COMMIT_LSN, c.LSN_COLUMN):
+            if len(array) and pc.max(array).as_py() > LSN_INFINITY - 1:
+                raise InvalidChangeBatch(
+                    f"{spec.qualified_name}: {name} beyond 2**63-1 cannot be stored as a Delta long"
+                )
+            arrays.append(array.cast(LSN_TYPE))
+        else:
+            arrays.append(to_delta(array))
+    table = pa.Table.from_arrays(arrays, names=normalized.column_names)
+    order = pc.sort_indices(table, sort_keys=[(c.COMMIT_LSN, "ascending"), (c.SEQ, "ascending")])
+    return dspec, table.take(order)
+
+
+def _changelog_schema(dspec: c.TableSpec) -> pa.Schema:
+    meta = [
+        pa.field(f.name, LSN_TYPE if f.type == pa.uint64() else f.type) for f in c.METADATA_FIELDS
+    ]
+    meta = [pa.field(f.name, pa.int64() if f.type == pa.uint32() else f.type) for f in meta]
+    return pa.schema([*dspec.schema, *meta, pa.field(c.OLD, c.old_type(dspec))])
+
+
+def _mirror_schema(dspec: c.TableSpec) -> pa.Schema:
+    return pa.schema(
+        [
+            *dspec.schema,
+            pa.field(c.COMMIT_LSN, LSN_TYPE),
+            pa.field(c.COMMIT_TIME, c.COMMIT_TIME_TYPE),
+        ]
+    )
+
+
+def _history_schema(dspec: c.TableSpec) -> pa.Schema:
+    return pa.schema(
+        [
+            *dspec.schema,
+            pa.field(c.OP, pa.string()),
+            pa.field(VALID_FROM_LSN, LSN_TYPE),
+            pa.field(VALID_TO_LSN, LSN_TYPE),
+            pa.field(VALID_FROM_TIME, c.COMMIT_TIME_TYPE),
+            pa.field(VALID_TO_TIME, c.COMMIT_TIME_TYPE),
+            pa.field(IS_CURRENT, pa.bool_()),
+        ]
+    )
+
+
+# --- Delta table plumbing --------------------------------------------------------------------
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _open(path: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+    if not DeltaTable.is_deltatable(path, storage_options=storage_options):
+        return None
+    return DeltaTable(path, storage_options=storage_options)
+
+
+def table_schema(table: DeltaTable) -> pa.Schema:
+    """A Delta table's schema as Arrow, in the types the sinks write."""
+    schema = pa.schema(table.schema().to_arrow())
+    return pa.schema([pa.field(f.name, normalize_read_type(f.type)) for f in schema])
+
+
+def _ensure(
+    path: str,
+    wanted: pa.Schema,
+    spec: c.TableSpec,
+    storage_options: dict[str, str] | None,
+) -> tuple[DeltaTable, pa.Schema]:
+    """Create the table, or evolve it so ``wanted`` columns fit; return it and its schema."""
+    table = _open(path, storage_options)
+    if table is None:
+        nullable = pa.schema([pa.field(f.name, f.type) for f in wanted])
+        table = DeltaTable.create(path, nullable, mode="ignore", storage_options=storage_options)
+        return table, table_schema(table)
+    existing = table_schema(table)
+    target = evolve(existing, wanted, spec.qualified_name, spec.relation_lsn)
+    if target == existing:
+        return table, existing
+    widened = [f.name for f in existing if target.field(f.name).type != f.type]
+    if not widened:
+        log.info(
+            "%s: adding columns %s", path, [n for n in target.names if n not in existing.names]
+        )
+        write_deltalake(table, target.empty_table(), mode="append", schema_mode="merge")
+    else:
+        log.warning("%s: widening %s rewrites the table", path, widened)
+        data = align(table.to_pyarrow_table(), target)
+        write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
+    table = DeltaTable(path, storage_options=storage_options)
+    return table, table_schema(table)
+
+
+def _commit(app_id: str, version: int) -> CommitProperties:
+    return CommitProperties(app_transactions=[Transaction(app_id, version)])
+
+
+def _has_data(table: DeltaTable) -> bool:
+    return bool(table.file_uris())
+
+
+def _key_predicate(dspec: c.TableSpec) -> str:
+    # Replica identity keys (primary key, USING INDEX) are NOT NULL; FULL keys may hold NULLs.
+    op = "IS NOT DISTINCT FROM" if dspec.old_is_full_row else "="
+    return " AND ".join(f"(t.{_quote(k)} {op} s.{_quote(k)})" for k in dspec.key_columns)
+
+
+def _read_target(
+    table: DeltaTable,
+    *,
+    dspec: c.TableSpec,
+    keys: set[Key],
+    versions: Sequence[Version],
+    changes: pa.Table,
+    current_only: bool,
+) -> tuple[pa.Table | None, dict[Key, int]]:
+    """Pre-batch rows for ``keys`` (unchanged TOAST needs their values)."""
+    if not keys:
+        return None, {}
+    first = dspec.key_columns[0]
+    first_type = dspec.schema.field(first).type
+    predicate = pc.field(first).isin(pa.array(list({k[0] for k in keys}), first_type))
+    if current_only:
+        predicate = predicate & (pc.field(IS_CURRENT) == pa.scalar(True))
+    present = set(table_schema(table).names)
+    columns = [f.name for f in dspec.schema if f.name in present]
+    found = table.to_pyarrow_dataset().to_table(columns=columns, filter=predicate)
+    found = align(found, dspec.schema)
+    rows: dict[Key, int] = {}
+    key_values = zip(*(found.column(k).to_pylist() for k in dspec.key_columns), strict=True)
+    for index, key in enumerate(key_values):
+        rows.setdefault(key, index)
+    missing = keys - rows.keys()
+    if missing:
+        key = next(iter(missing))
+        version, column = next(
+            (v, name) for v in versions for name, s in v.sources.items() if s == ("target", key)
+        )
+        lsn = changes.column(c.LSN_COLUMN)[version.row].as_py()
+        raise UnresolvedToastError(
+            f"{dspec.qualified_name}: column {column!r} of the change at LSN {lsn} is an "
+            f"unchanged TOASTed value, but the Delta table has no row with key "
+            f"{dict(zip(dspec.key_columns, key, strict=True))} to take it from; load the table's "
+            "initial snapshot before its changes, or set REPLICA IDENTITY FULL on it"
+        )
+    return found, rows
+
+
+def _key_rows(dspec: c.TableSpec, keys: Sequence[Key]) -> dict[str, pa.Array]:
+    return {
+        k: pa.array([key[i] for key in keys], dspec.schema.field(k).type)
+        for i, k in enumerate(dspec.key_columns)
+    }
+
+
+def _take(changes: pa.Table, column: str, rows: Sequence[int]) -> pa.Array:
+    return changes.column(column).combine_chunks().take(pa.array(rows, pa.int64()))
+
+
+# --- the three writers -----------------------------------------------------------------------
+
+
+def _write_changelog(
+    path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
+) -> None:
+    _, schema = _ensure(path, _changelog_schema(dspec), dspec, so)
+    write_deltalake(
+        path,
+        align(changes, schema),
+        mode="append",
+        commit_properties=commit,
+        storage_options=so,
+    )
+
+
+def _write_mirror(
+    path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
+) -> None:
+    table, schema = _ensure(path, _mirror_schema(dspec), dspec, so)
+    p = plan(dspec, changes)
+    upserts = [v for v in p.final.values() if v is not None]
+    deleted = [k for k, v in p.final.items() if v is None]
+    needed = {s[1] for v in upserts for s in v.sources.values() if s[0] == "target"}
+    target, target_rows = _read_target(
+        table, dspec=dspec, keys=needed, versions=upserts, changes=changes, current_only=False
+    )
+    rows = assemble(dspec, changes, upserts, target, target_rows)
+    lineage = [v.row for v in upserts]
+    rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
+    rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
+    if not _has_data(table):
+        write_deltalake(
+            path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
+        )
+        return
+    source_schema = schema.append(pa.field(_ACTION, pa.string()))
+    upsert_rows = rows.append_column(_ACTION, pa.array(["upsert"] * rows.num_rows, pa.string()))
+    delete_rows = pa.table(_key_rows(dspec, deleted)).append_column(
+        _ACTION, pa.array(["delete"] * len(deleted), pa.string())
+    )
+    source = pa.concat_tables(
+        [align(upsert_rows, source_schema), align(delete_rows, source_schema)]
+    )
+    written = [*(f.name for f in _mirror_schema(dspec))]
+    if p.truncate_row is not None:
+        written = schema.names  # rows re-created after a TRUNCATE keep nothing of the old ones
+    merger = table.merge(
+        source,
+        predicate=_key_predicate(dspec),
+        source_alias="s",
+        target_alias="t",
+        commit_properties=commit,
+    )
+    merger = merger.when_matched_delete(predicate=f"s.{_ACTION} = 'delete'")
+    merger = merger.when_matched_update(
+        updates={_quote(n): f"s.{_quote(n)}" for n in written},
+        predicate=f"s.{_ACTION} = 'upsert'",
+    )
+    merger = merger.when_not_matched_insert(
+        updates={_quote(n): f"s.{_quote(n)}" for n in schema.names},
+        predicate=f"s.{_ACTION} = 'upsert'",
+    )
+    if p.truncate_row is not None:
+        merger = merger.when_not_matched_by_source_delete()
+    merger.execute()
+
+
+def _timestamp_literal(value: datetime) -> str:
+    micros = int((value - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000
+    micros += value.microsecond
+    return f"arrow_cast({micros}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+def _write_history(
+    path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
+) -> None:
+    table, schema = _ensure(path, _history_schema(dspec), dspec, so)
+    p = plan(dspec, changes)
+    versions = p.versions
+    target, target_rows = _read_target(
+        table,
+        dspec=dspec,
+        keys=p.target_keys(),
+        versions=versions,
+        changes=changes,
+        current_only=True,
+    )
+    rows = assemble(dspec, changes, versions, target, target_rows)
+    lsn = changes.column(c.COMMIT_LSN).to_pylist()
+    time = changes.column(c.COMMIT_TIME).to_pylist()
+    ends = [v.closed_by for v in versions]
+    starts = [v.row for v in versions]
+    rows = rows.append_column(c.OP, _take(changes, c.OP, starts))
+    rows = rows.append_column(VALID_FROM_LSN, _take(changes, c.COMMIT_LSN, starts))
+    rows = rows.append_column(
+        VALID_TO_LSN, pa.array([LSN_INFINITY if e is None else lsn[e] for e in ends], LSN_TYPE)
+    )
+    rows = rows.append_column(VALID_FROM_TIME, _take(changes, c.COMMIT_TIME, starts))
+    rows = rows.append_column(
+        VALID_TO_TIME,
+        pa.array([TIME_INFINITY if e is None else time[e] for e in ends], c.COMMIT_TIME_TYPE),
+    )
+    rows = rows.append_column(IS_CURRENT, pa.array([e is None for e in ends], pa.bool_()))
+    if (not p.target_closed and p.truncate_row is None) or not _has_data(table):
+        write_deltalake(
+            path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
+        )
+        return
+    source_schema = schema.append(pa.field(_ACTION, pa.string()))
+    closed = list(p.target_closed)
+    close_rows = pa.table(
+        {
+            **_key_rows(dspec, closed),
+            VALID_TO_LSN: pa.array([lsn[p.target_closed[k]] for k in closed], LSN_TYPE),
+            VALID_TO_TIME: pa.array([time[p.target_closed[k]] for k in closed], c.COMMIT_TIME_TYPE),
+            _ACTION: pa.array(["close"] * len(closed), pa.string()),
+        }
+    )
+    new_rows = rows.append_column(_ACTION, pa.array(["insert"] * rows.num_rows, pa.string()))
+    source = pa.concat_tables([align(new_rows, source_schema), align(close_rows, source_schema)])
+    merger = table.merge(
+        source,
+        predicate=f"s.{_ACTION} = 'close' AND t.{IS_CURRENT} AND {_key_predicate(dspec)}",
+        source_alias="s",
+        target_alias="t",
+        commit_properties=commit,
+    )
+    merger = merger.when_matched_update(
+        updates={
+            VALID_TO_LSN: f"s.{VALID_TO_LSN}",
+            VALID_TO_TIME: f"s.{VALID_TO_TIME}",
+            IS_CURRENT: "false",
+        }
+    )
+    merger = merger.when_not_matched_insert(
+        updates={_quote(n): f"s.{_quote(n)}" for n in schema.names},
+        predicate=f"s.{_ACTION} = 'insert'",
+    )
+    if p.truncate_row is not None:
+        row = p.truncate_row
+        merger = merger.when_not_matched_by_source_update(
+            updates={
+                VALID_TO_LSN: str(lsn[row]),
+                VALID_TO_TIME: _timestamp_literal(time[row]),
+                IS_CURRENT: "false",
+            },
+            predicate=f"t.{IS_CURRENT}",
+        )
+    merger.execute()
+
+
+_WRITERS = {
+    SinkKind.CHANGELOG: _write_changelog,
+    SinkKind.MIRROR: _write_mirror,
+    SinkKind.HISTORY: _write_history,
+}
+
+
+def write_table(
+    path: str | Path,
+    spec: c.TableSpec,
+    changes: pa.Table,
+    kind: SinkKind,
+    *,
+    app_id: str,
+    version: int,
+    storage_options: dict[str, str] | None = None,
+) -> WriteResult:
+    """Apply one batch of one table's changes to one Delta table, exactly once per ``version``.
+
+    ``version`` must grow from batch to batch of the same ``app_id``; a version at or below the
+    one the table recorded is a replay and is skipped.
+    """
+    path = str(path)
+    if kind is not SinkKind.CHANGELOG and not spec.has_usable_key:
+        raise InvalidChangeBatch(
+            f"{spec.qualified_name} has no usable replica identity, so it cannot have a "
+            f"{kind.value} table; add a primary key, or ALTER TABLE {spec.qualified_name} "
+            "REPLICA IDENTITY FULL (or USING INDEX), or write only its changelog"
+        )
+    existing = _open(path, storage_options)
+    if existing is not None:
+        done = existing.transaction_version(app_id)
+        if done is not None and done >= version:
+            return WriteResult(spec.qualified_name, kind, path, False, 0)
+    if changes.num_rows == 0:
+        return WriteResult(spec.qualified_name, kind, path, False, 0)
+    dspec, prepared = _prepare(spec, changes)
+    _WRITERS[kind](path, dspec, prepared, _commit(app_id, version), storage_options)
+    return WriteResult(spec.qualified_name, kind, path, True, prepared.num_rows)
+
+
+class DeltaSink:
+    """Delta tables for many source tables under one root: ``<root>/<schema>/<table>/<kind>``.
+
+    Tables without a usable key get only a changelog (with a warning naming the fix), whatever
+    kinds were asked for, so their changes are never dropped.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        app_id: str,
+        kinds: Collection[SinkKind] = (SinkKind.CHANGELOG, SinkKind.MIRROR),
+        table_kinds: Mapping[str, Collection[SinkKind]] | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.root = str(root).rstrip("/")
+        self.app_id = app_id
+        self.kinds = tuple(kinds)
+        self.table_kinds = {name: tuple(k) for name, k in (table_kinds or {}).items()}
+        self.storage_options = storage_options
+        self._warned: set[str] = set()
+
+    def path(self, spec: c.TableSpec, kind: SinkKind) -> str:
+        parts = (quote(spec.namespace, safe=""), quote(spec.name, safe=""), kind.value)
+        return "/".join((self.root, *parts))
+
+    def kinds_for(self, spec: c.TableSpec) -> tuple[SinkKind, ...]:
+        wanted = self.table_kinds.get(spec.qualified_name, self.kinds)
+        if spec.has_usable_key:
+            return tuple(wanted)
+        if spec.qualified_name not in self._warned:
+            self._warned.add(spec.qualified_name)
+            warnings.warn(
+                f"{spec.qualified_name} has no usable replica identity (REPLICA IDENTITY "
+                "NOTHING, or DEFAULT without a primary key): writing its changelog only. "
+                f"Add a primary key, or ALTER TABLE {spec.qualified_name} REPLICA IDENTITY "
+                "FULL (or USING INDEX <unique index>) to get a mirror and a history",
+                stacklevel=3,
+            )
+        return (SinkKind.CHANGELOG,)
+
+    def write_batch(
+        self, version: int, batches: Iterable[tuple[c.TableSpec, pa.Table]]
+    ) -> list[WriteResult]:
+        """Apply one micro-batch (any number of tables) exactly once per ``version``.
+
+        Tables are written one after the other; after a crash, replaying the same version
+        skips the tables that already have it and applies the rest.
+        """
+        batches = list(batches)
+        names = [spec.qualified_name for spec, _ in batches]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise InvalidChangeBatch(
+                f"table(s) {repeated} appear more than once in batch {version}; end the batch "
+                "where a table's Relation changes, so each batch has one TableSpec per table"
+            )
+        results = []
+        for spec, changes in batches:
+            for kind in self.kinds_for(spec):
+                results.append(
+                    write_table(
+                        self.path(spec, kind),
+                        spec,
+                        changes,
+                        kind,
+                        app_id=self.app_id,
+                        version=version,
+                        storage_options=self.storage_options,
+                    )
+                )
+        return results

@@ -1,0 +1,297 @@
+"""Changelog, mirror and history tables against the Python model, with real Delta tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pytest
+
+from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
+from pgcdc.events import ReplicaIdentity
+from pgcdc.sinks import DeltaSink, SinkKind, read_table, write_table
+from pgcdc.sinks.delta import LSN_INFINITY
+from pgcdc.sinks.schema import delta_schema
+
+from .model import ITEMS_SCHEMA, Source, items_spec, state_at
+
+ALL = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
+
+
+def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: tuple(str(v) for v in r.values()))
+
+
+def mirror_rows(path: str, columns: list[str]) -> list[dict[str, Any]]:
+    return _sorted(read_table(path).select(columns).to_pylist())
+
+
+def history_at(path: str, columns: list[str], lsn: int) -> list[dict[str, Any]]:
+    table = read_table(path)
+    mask = pc.and_(
+        pc.less_equal(table.column("_valid_from_lsn"), lsn),
+        pc.greater(table.column("_valid_to_lsn"), lsn),
+    )
+    return _sorted(table.filter(mask).select(columns).to_pylist())
+
+
+def check_all(sink: DeltaSink, source: Source) -> None:
+    """Mirror equals the model's final state; history equals it at every commit LSN."""
+    columns = source.spec.schema.names
+    final = state_at(source.snapshots, source.lsn)
+    mirror = sink.path(source.spec, SinkKind.MIRROR)
+    assert mirror_rows(mirror, columns) == final
+    schema = read_table(mirror).select(columns).schema
+    assert schema == delta_schema(source.spec.schema)
+    history = sink.path(source.spec, SinkKind.HISTORY)
+    for commit_lsn, _ in source.snapshots:
+        assert history_at(history, columns, commit_lsn) == state_at(source.snapshots, commit_lsn)
+        assert history_at(history, columns, commit_lsn - 1) == state_at(
+            source.snapshots, commit_lsn - 1
+        )
+    current = read_table(history).filter(pc.field("_is_current"))
+    assert _sorted(current.select(columns).to_pylist()) == final
+    assert pc.all(pc.equal(current.column("_valid_to_lsn"), LSN_INFINITY)).as_py() in (True, None)
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> DeltaSink:
+    return DeltaSink(tmp_path, app_id="test-app", kinds=ALL)
+
+
+def test_insert_update_delete_across_batches(sink: DeltaSink) -> None:
+    src = Source(items_spec())
+    src.insert(id=1, name="a", body="x" * 5000, qty=1)
+    src.insert(id=2, name="b", body="y", qty=2)
+    src.insert(id=3, name="c", body=None, qty=3)
+    src.commit()
+    src.update((1,), name="a2")
+    src.delete((3,))
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    check_all(sink, src)
+    src.update((2,), qty=20)
+    src.update((2,), qty=21)
+    src.commit()
+    src.delete((1,))
+    src.insert(id=1, name="again", body="z", qty=9)
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    check_all(sink, src)
+    changelog = read_table(sink.path(src.spec, SinkKind.CHANGELOG))
+    assert changelog.num_rows == 9
+    assert changelog.column("_op").to_pylist().count("delete") == 2
+
+
+def test_key_change_moves_the_row(sink: DeltaSink) -> None:
+    src = Source(items_spec())
+    src.insert(id=1, name="a", body="big", qty=1)
+    src.insert(id=2, name="b", body="b", qty=2)
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    src.update((1,), id=5, name="moved")
+    src.commit()
+    src.update((5,), id=6, toast=("body",))
+    src.update((2,), id=1)
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    check_all(sink, src)
+    rows = mirror_rows(sink.path(src.spec, SinkKind.MIRROR), ["id", "body"])
+    assert rows == [{"id": 1, "body": "b"}, {"id": 6, "body": "big"}]
+
+
+def test_truncate_discards_only_what_came_before(sink: DeltaSink) -> None:
+    src = Source(items_spec())
+    for i in range(5):
+        src.insert(id=i, name=f"n{i}", body="b", qty=i)
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    src.update((1,), qty=100)
+    src.insert(id=7, name="gone", body="g", qty=7)
+    src.commit()
+    src.truncate()
+    src.insert(id=1, name="after", body="new", qty=1)
+    src.commit()
+    src.insert(id=2, name="later", body="l", qty=2)
+    src.update((1,), toast=("body",), qty=11)
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    check_all(sink, src)
+    assert mirror_rows(sink.path(src.spec, SinkKind.MIRROR), ["id"]) == [{"id": 1}, {"id": 2}]
+
+
+def test_truncate_only_batch_empties_the_mirror(sink: DeltaSink) -> None:
+    src = Source(items_spec())
+    src.insert(id=1, name="a", body="b", qty=1)
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    src.truncate()
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    check_all(sink, src)
+    assert read_table(sink.path(src.spec, SinkKind.MIRROR)).num_rows == 0
+
+
+def test_unchanged_toast_keeps_value_across_batches(sink: DeltaSink) -> None:
+    src = Source(items_spec())
+    big = "toasted " * 2000
+    src.insert(id=1, name="a", body=big, qty=1)
+    src.insert(id=2, name="b", body=big + "2", qty=2)
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    src.update((1,), toast=("body",), qty=2)
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    src.update((1,), toast=("body",), qty=3)
+    src.update((1,), toast=("body",), name="a3")
+    src.update((2,), toast=("body",), id=3)
+    src.commit()
+    sink.write_batch(3, [(src.spec, src.take())])
+    check_all(sink, src)
+    bodies = mirror_rows(sink.path(src.spec, SinkKind.MIRROR), ["id", "body"])
+    assert bodies == [{"id": 1, "body": big}, {"id": 3, "body": big + "2"}]
+    changelog = read_table(sink.path(src.spec, SinkKind.CHANGELOG))
+    updates = changelog.filter(pc.equal(changelog.column("_op"), "update"))
+    assert updates.column("body").null_count == updates.num_rows
+    assert all(u == ["body"] for u in updates.column("_unchanged").to_pylist())
+
+
+def test_unchanged_toast_from_full_old_row(sink: DeltaSink) -> None:
+    """With REPLICA IDENTITY FULL the old row carries the value, even if the target lacks it."""
+    src = Source(items_spec(identity=ReplicaIdentity.FULL))
+    src.rows[(1,)] = {"id": 1, "name": "pre", "body": "from before the sink", "qty": 1}
+    src.update((1,), toast=("body",), qty=5)
+    for change in src.pending:
+        change["_old"] = {"id": 1, "name": "pre", "body": "from before the sink", "qty": 1}
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    check_all(sink, src)
+
+
+def test_unchanged_toast_without_any_base_is_an_error(tmp_path: Path) -> None:
+    src = Source(items_spec())
+    src.rows[(1,)] = {"id": 1, "name": "pre", "body": "never seen", "qty": 1}
+    src.update((1,), toast=("body",), qty=5)
+    src.commit()
+    path = tmp_path / "mirror"
+    with pytest.raises(UnresolvedToastError, match=r"'body'.*initial snapshot"):
+        write_table(path, src.spec, src.take(), SinkKind.MIRROR, app_id="a", version=1)
+
+
+def test_replayed_batch_changes_nothing(sink: DeltaSink) -> None:
+    spec_a = items_spec(name="a")
+    spec_b = items_spec(name="b")
+    a, b = Source(spec_a), Source(spec_b)
+    a.insert(id=1, name="a", body="x", qty=1)
+    b.insert(id=1, name="b", body="y", qty=1)
+    a.commit()
+    b.commit()
+    batch1 = [(spec_a, a.take()), (spec_b, b.take())]
+    assert all(r.applied for r in sink.write_batch(1, batch1))
+    a.update((1,), qty=2)
+    b.delete((1,))
+    a.commit()
+    b.commit()
+    batch2 = [(spec_a, a.take()), (spec_b, b.take())]
+    # A crash after table a got batch 2 but before b did: replaying batch 2 finishes b only.
+    write_table(
+        sink.path(spec_a, SinkKind.MIRROR),
+        spec_a,
+        batch2[0][1],
+        SinkKind.MIRROR,
+        app_id="test-app",
+        version=2,
+    )
+    results = sink.write_batch(2, batch2)
+    applied = {(r.table, r.kind) for r in results if r.applied}
+    assert ("public.a", SinkKind.MIRROR) not in applied
+    assert ("public.b", SinkKind.MIRROR) in applied
+    check_all(sink, a)
+    check_all(sink, b)
+    before = {
+        p: read_table(p) for spec in (spec_a, spec_b) for p in (sink.path(spec, k) for k in ALL)
+    }
+    for version in (1, 2):
+        batch = batch1 if version == 1 else batch2
+        assert not any(r.applied for r in sink.write_batch(version, batch))
+    for path, table in before.items():
+        assert read_table(path).equals(table)
+    check_all(sink, a)
+    check_all(sink, b)
+
+
+def test_table_without_key_gets_changelog_only(tmp_path: Path) -> None:
+    spec = items_spec(keys=(), identity=ReplicaIdentity.DEFAULT, name="nokey")
+    src = Source(spec)
+    src.insert(id=1, name="a", body="b", qty=1)
+    src.commit()
+    sink = DeltaSink(tmp_path, app_id="x", kinds=ALL)
+    with pytest.warns(UserWarning, match=r"public\.nokey.*primary key.*REPLICA IDENTITY FULL"):
+        results = sink.write_batch(1, [(spec, src.take())])
+    assert [r.kind for r in results] == [SinkKind.CHANGELOG]
+    assert read_table(sink.path(spec, SinkKind.CHANGELOG)).num_rows == 1
+    assert not (tmp_path / "public" / "nokey" / "mirror").exists()
+    with pytest.raises(InvalidChangeBatch, match="REPLICA IDENTITY FULL"):
+        write_table(tmp_path / "m", spec, src.take(), SinkKind.MIRROR, app_id="x", version=1)
+
+
+def test_replica_identity_full_without_primary_key(sink: DeltaSink) -> None:
+    spec = items_spec(keys=tuple(ITEMS_SCHEMA.names), identity=ReplicaIdentity.FULL)
+    src = Source(spec)
+    src.insert(id=1, name=None, body="b", qty=1)
+    src.insert(id=2, name="n", body="c", qty=2)
+    src.commit()
+    sink.write_batch(1, [(spec, src.take())])
+    src.update((1, None, "b", 1), qty=10)
+    src.delete((2, "n", "c", 2))
+    src.commit()
+    sink.write_batch(2, [(spec, src.take())])
+    check_all(sink, src)
+
+
+def test_changelog_columns(sink: DeltaSink) -> None:
+    src = Source(items_spec())
+    src.insert(id=1, name="a", body="b", qty=1)
+    src.update((1,), id=2)
+    commit_lsn = src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    log = read_table(sink.path(src.spec, SinkKind.CHANGELOG)).sort_by("_seq")
+    assert log.column("_op").to_pylist() == ["insert", "update"]
+    assert log.column("_commit_lsn").to_pylist() == [commit_lsn, commit_lsn]
+    assert log.column("_xid").to_pylist() == [700, 700]
+    assert log.column("_old").to_pylist()[1] == {"id": 1, "name": None, "body": None, "qty": None}
+    assert log.schema.field("_commit_lsn").type == pa.int64()
+    assert log.schema.field("_old").type == pa.struct(list(delta_schema(ITEMS_SCHEMA)))
+
+
+def test_bad_batches_are_typed_errors(tmp_path: Path) -> None:
+    src = Source(items_spec())
+    src.insert(id=1, name="a", body="b", qty=1)
+    src.commit()
+    good = src.take()
+    path = tmp_path / "t"
+    with pytest.raises(InvalidChangeBatch, match="does not know"):
+        write_table(
+            path,
+            src.spec,
+            good.append_column("extra", pa.array([1])),
+            SinkKind.MIRROR,
+            app_id="a",
+            version=1,
+        )
+    with pytest.raises(InvalidChangeBatch, match="lacks"):
+        write_table(
+            path, src.spec, good.drop_columns(["_seq"]), SinkKind.MIRROR, app_id="a", version=1
+        )
+    bad_op = good.set_column(good.schema.get_field_index("_op"), "_op", pa.array(["upsert"]))
+    with pytest.raises(InvalidChangeBatch, match="unknown _op 'upsert'"):
+        write_table(path, src.spec, bad_op, SinkKind.MIRROR, app_id="a", version=1)
+    huge = good.set_column(
+        good.schema.get_field_index("_commit_lsn"), "_commit_lsn", pa.array([1 << 63], pa.uint64())
+    )
+    with pytest.raises(InvalidChangeBatch, match="2\\*\\*63"):
+        write_table(path, src.spec, huge, SinkKind.MIRROR, app_id="a", version=1)
+    with pytest.raises(InvalidChangeBatch, match="more than once"):
+        DeltaSink(tmp_path, app_id="a").write_batch(1, [(src.spec, good), (src.spec, good)])
