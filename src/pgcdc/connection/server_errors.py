@@ -10,6 +10,8 @@ all in libpq: ``from_psycopg`` recovers the server's FATAL text from the connect
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -27,6 +29,7 @@ UNDEFINED_FILE = "58P01"
 
 _ACTIVE_PID = re.compile(r"is active for PID (\d+)")
 _SLOT_NAME = re.compile(r'replication slot "([^"]*)"')
+_ADVANCE_MINIMUM = re.compile(r"cannot advance replication slot to \S+, minimum is (\S+)")
 _PUBLICATION_NAME = re.compile(r'publication "([^"]*)" does not exist')
 _PLUGIN_LIBRARY = re.compile(r'(?:library|file) "([^"]*)"')
 # libpq's text for a refused connection: '... failed: FATAL:  <message>\nDETAIL:  <detail>'.
@@ -65,6 +68,12 @@ def translate(
         return errors.SlotNotFound(
             f"{message}; create it first (pgcdc --create-slot, or "
             f"SELECT pg_create_logical_replication_slot('{slot_name}', 'pgoutput'))"
+        )
+    minimum = _ADVANCE_MINIMUM.search(message)
+    if minimum:
+        return errors.InvalidArgument(
+            f"{message}: a slot only moves forwards and has already confirmed up to "
+            f"{minimum.group(1)}; advance it to {minimum.group(1)} or later"
         )
     if sqlstate == DUPLICATE_OBJECT and slot:
         return errors.SlotAlreadyExists(
@@ -133,12 +142,30 @@ def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:
         return translate(
             diag.sqlstate, diag.message_primary, diag.message_detail, diag.message_hint
         )
-    fatal = _FATAL.search(str(error))
+    text = str(error).strip()
+    fatal = _FATAL.search(text)
     if fatal:
-        return translate(None, fatal.group("message").strip(), fatal.group("detail"))
-    if isinstance(error, psycopg.OperationalError):
-        return errors.ConnectionLost(
-            f"{str(error).strip()}; check that the server is running and reachable with this "
-            "conninfo (host, port, sslmode) and that pg_hba.conf admits the connection"
+        translated = translate(None, fatal.group("message").strip(), fatal.group("detail"))
+        if type(translated) is not errors.ServerError:
+            return translated
+    if fatal or text.startswith("connection failed"):
+        if "authentication failed" in text:
+            return errors.AuthenticationFailed(
+                f"{text}; check the user name and password (or .pgpass) and pg_hba.conf"
+            )
+        return errors.ConnectionFailed(
+            f"{text}; check that the server is running and reachable with this conninfo "
+            "(host, port, dbname, sslmode) and that pg_hba.conf admits the connection"
         )
-    return errors.ServerError(str(error).strip(), sqlstate=error.sqlstate)
+    if isinstance(error, psycopg.OperationalError):
+        return errors.ConnectionLost(f"{text}; reconnect and retry")
+    return errors.ServerError(text, sqlstate=error.sqlstate)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise psycopg errors in the block as pgcdc's typed errors (the original as cause)."""
+    try:
+        yield
+    except psycopg.Error as error:
+        raise from_psycopg(error) from error

@@ -13,8 +13,7 @@ autocommit connection.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeAlias, TypeVar
 
@@ -82,14 +81,6 @@ class SlotInfo:
         return self.invalidation_reason is not None or self.wal_status == "lost"
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as error:
-        raise server_errors.from_psycopg(error) from error
-
-
 def _require(conn: psycopg.Connection[Any], version_num: int, feature: str) -> None:
     server = conn.info.server_version
     if server < version_num:
@@ -134,7 +125,7 @@ def create_logical_slot(
     query = sql.SQL("SELECT lsn::text FROM pg_create_logical_replication_slot({})").format(
         arguments
     )
-    with _translated():
+    with server_errors.translated():
         row = conn.execute(query, params).fetchone()
     assert row is not None
     return LSN.parse(row[0])
@@ -142,7 +133,7 @@ def create_logical_slot(
 
 def drop_slot(conn: psycopg.Connection[Any], slot: str, *, if_exists: bool = False) -> bool:
     """Drop a slot (logical or physical); False when it did not exist and ``if_exists``."""
-    with _translated():
+    with server_errors.translated():
         if if_exists:
             row = conn.execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
@@ -155,9 +146,10 @@ def drop_slot(conn: psycopg.Connection[Any], slot: str, *, if_exists: bool = Fal
 
 
 def advance_slot(conn: psycopg.Connection[Any], slot: str, upto: LSN) -> LSN:
-    """Move the slot's confirmed position to ``upto`` (never backwards, never past the end of
-    WAL) without decoding for a client; returns where it ended up."""
-    with _translated():
+    """Move the slot's confirmed position to ``upto`` without decoding for a client; returns
+    where it ended up (no further than the flushed end of WAL). Moving backwards raises
+    InvalidArgument: the changes before the confirmed position are gone."""
+    with server_errors.translated():
         row = conn.execute(
             "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
             (slot, str(LSN(upto))),
@@ -196,7 +188,7 @@ def list_slots(conn: psycopg.Connection[Any]) -> list[SlotInfo]:
         failover=failover_column,
         invalidation_reason=reason_column,
     )
-    with _translated():
+    with server_errors.translated():
         rows = conn.execute(query).fetchall()
     slots = []
     for row in rows:
@@ -263,7 +255,7 @@ def _read(
         "FROM {}(%s, %s::pg_lsn, %s::integer, VARIADIC %s::text[])"
     ).format(sql.Identifier(function))
     upto = None if upto_lsn is None else str(LSN(upto_lsn))
-    with _translated():
+    with server_errors.translated():
         return conn.execute(query, (slot, upto, upto_nchanges, flat)).fetchall()
 
 
@@ -387,7 +379,7 @@ def emit_message(
         arguments = sql.SQL("{}, %s").format(arguments)
         params.append(True)
     query = sql.SQL("SELECT pg_logical_emit_message({})::text").format(arguments)
-    with _translated():
+    with server_errors.translated():
         row = conn.execute(query, params).fetchone()
     assert row is not None
     return LSN.parse(row[0])
