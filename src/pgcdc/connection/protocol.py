@@ -1,0 +1,162 @@
+"""The COPY-BOTH sub-protocol of streaming replication, as pure functions over bytes.
+
+Inside START_REPLICATION every CopyData message carries one of these, told apart by the first
+byte: from the server XLogData ('w') and the primary keepalive ('k'); from the client the
+standby status update ('r') and hot standby feedback ('h'). Integers are big-endian, times are
+microseconds since 2000-01-01 00:00 UTC (PostgreSQL's epoch). No IO here: the drivers in
+``pgcdc.connection.replication`` move the bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pgcdc.errors import InvalidArgument, ProtocolError
+from pgcdc.lsn import LSN
+
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+XLOG_DATA = 0x77  # 'w'
+PRIMARY_KEEPALIVE = 0x6B  # 'k'
+STANDBY_STATUS_UPDATE = 0x72  # 'r'
+HOT_STANDBY_FEEDBACK = 0x68  # 'h'
+
+# PostgreSQL never builds a message larger than MaxAllocHugeSize-ish buffers allow; a 1 GiB
+# payload is already beyond what one logical change can produce, so anything larger is corrupt.
+DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
+
+_XLOG_HEADER = struct.Struct(">QQq")  # data_start, wal_end, send_time; after the 'w' byte
+_XLOG_HEADER_SIZE = 1 + _XLOG_HEADER.size
+_KEEPALIVE = struct.Struct(">QqB")  # wal_end, send_time, reply_requested
+_KEEPALIVE_SIZE = 1 + _KEEPALIVE.size
+_STATUS_UPDATE = struct.Struct(">cQQQqB")
+_HOT_STANDBY_FEEDBACK = struct.Struct(">cqIIII")
+
+_ONE_MICROSECOND = timedelta(microseconds=1)
+# int.__new__ skips LSN's range check: an unsigned 64-bit field is always a valid LSN.
+_new_int = int.__new__
+
+
+def to_pg_timestamp(moment: datetime) -> int:
+    """Microseconds since PostgreSQL's epoch; naive datetimes are taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - PG_EPOCH) // _ONE_MICROSECOND
+
+
+def from_pg_timestamp(microseconds: int) -> datetime:
+    """The UTC datetime of a protocol timestamp; ProtocolError when Python cannot hold it."""
+    try:
+        return PG_EPOCH + timedelta(microseconds=microseconds)
+    except OverflowError:
+        raise ProtocolError(
+            f"timestamp {microseconds} (microseconds since 2000-01-01) is outside the range "
+            "Python datetimes can represent; the message is corrupt"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    """WAL data (for logical replication: one output plugin message) starting at data_start.
+
+    ``wal_end`` is the end of WAL on the server when it was sent, not the end of this message.
+    ``payload`` is a view into the received buffer when the input was a memoryview (no copy);
+    call ``bytes(payload)`` to keep it independent of that buffer's type.
+    """
+
+    data_start: LSN
+    wal_end: LSN
+    send_time: datetime
+    payload: bytes | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class PrimaryKeepalive:
+    """The server is alive; everything before ``wal_end`` has been sent."""
+
+    wal_end: LSN
+    send_time: datetime
+    reply_requested: bool
+
+
+def parse_copy_data(
+    buf: bytes | memoryview, max_size: int = DEFAULT_MAX_MESSAGE_SIZE
+) -> XLogData | PrimaryKeepalive:
+    """Parse one server-to-client CopyData payload of a replication stream.
+
+    Raises ProtocolError for an empty, truncated, oversized or unknown message.
+    """
+    size = len(buf)
+    if size > max_size:
+        raise ProtocolError(
+            f"replication message of {size} bytes exceeds the {max_size}-byte limit; "
+            "the stream is corrupt or the limit (max_size) is too low"
+        )
+    if size == 0:
+        raise ProtocolError("empty CopyData message in replication stream")
+    kind = buf[0]
+    if kind == XLOG_DATA:
+        if size < _XLOG_HEADER_SIZE:
+            raise ProtocolError(
+                f"truncated XLogData: {size} bytes, the header alone needs {_XLOG_HEADER_SIZE}"
+            )
+        start, end, sent = _XLOG_HEADER.unpack_from(buf, 1)
+        return XLogData(_new_int(LSN, start), _new_int(LSN, end), from_pg_timestamp(sent), buf[25:])
+    if kind == PRIMARY_KEEPALIVE:
+        if size != _KEEPALIVE_SIZE:
+            raise ProtocolError(
+                f"primary keepalive must be {_KEEPALIVE_SIZE} bytes, got {size} "
+                f"({'truncated' if size < _KEEPALIVE_SIZE else 'oversized'})"
+            )
+        end, sent, reply = _KEEPALIVE.unpack_from(buf, 1)
+        if reply > 1:
+            raise ProtocolError(f"primary keepalive reply flag must be 0 or 1, got {reply}")
+        return PrimaryKeepalive(_new_int(LSN, end), from_pg_timestamp(sent), reply == 1)
+    raise ProtocolError(
+        f"unknown replication message type {chr(kind)!r} (0x{kind:02x}); expected XLogData "
+        "'w' or primary keepalive 'k'"
+    )
+
+
+def _now_microseconds(now: datetime | None) -> int:
+    return to_pg_timestamp(now if now is not None else datetime.now(UTC))
+
+
+def standby_status_update(
+    write: LSN,
+    flush: LSN,
+    apply: LSN,
+    now: datetime | None = None,
+    reply_requested: bool = False,
+) -> bytes:
+    """The 'r' message: positions received, durably stored and applied by this client.
+
+    For a logical slot the server takes ``flush`` as the new confirmed_flush_lsn, so it must
+    never exceed what the consumer has made durable.
+    """
+    return _STATUS_UPDATE.pack(
+        b"r", write, flush, apply, _now_microseconds(now), 1 if reply_requested else 0
+    )
+
+
+def hot_standby_feedback(
+    xmin: int,
+    xmin_epoch: int,
+    catalog_xmin: int = 0,
+    catalog_xmin_epoch: int = 0,
+    now: datetime | None = None,
+) -> bytes:
+    """The 'h' message: the oldest transaction a physical standby still needs (0 = none)."""
+    for name, value in (
+        ("xmin", xmin),
+        ("xmin_epoch", xmin_epoch),
+        ("catalog_xmin", catalog_xmin),
+        ("catalog_xmin_epoch", catalog_xmin_epoch),
+    ):
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise InvalidArgument(f"{name} must fit in 32 unsigned bits, got {value}")
+    return _HOT_STANDBY_FEEDBACK.pack(
+        b"h", _now_microseconds(now), xmin, xmin_epoch, catalog_xmin, catalog_xmin_epoch
+    )

@@ -1,0 +1,670 @@
+"""Replication connections and the logical replication stream, blocking and asyncio.
+
+Connections are opened with psycopg's public API (conninfo strings and URIs, PG* variables,
+.pgpass, TLS and SCRAM all come from libpq), then spoken to at the ``psycopg.pq`` level with the
+simple query protocol, which is all a walsender accepts. Every protocol step is a generator
+(``_Session`` and ``_StreamCore``) driven by ``pgcdc.connection.waiting``: one implementation,
+two thin front ends (``ReplicationConnection`` and ``AsyncReplicationConnection``).
+
+The stream only ever reports to the server the position the consumer confirmed with
+``confirm``: the server's slot may then discard WAL up to there, so reporting anything later
+could lose changes the consumer has not stored yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import pq
+
+from pgcdc import errors
+from pgcdc.connection import commands
+from pgcdc.connection.commands import (
+    Command,
+    CreatedSlot,
+    Options,
+    ResultSet,
+    SlotPosition,
+    SnapshotAction,
+    SystemIdentity,
+    TimelineHistory,
+)
+from pgcdc.connection.protocol import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PrimaryKeepalive,
+    XLogData,
+    parse_copy_data,
+    standby_status_update,
+)
+from pgcdc.connection.server_errors import translate
+from pgcdc.connection.waiting import READ, WRITE, PQGen, SyncWaiter, run_async
+from pgcdc.lsn import INVALID_LSN, LSN
+
+T = TypeVar("T")
+
+DEFAULT_STATUS_INTERVAL = 10.0  # seconds, as pg_recvlogical
+
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COPY_BOTH = pq.ExecStatus.COPY_BOTH
+_COPY_STATES = (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH)
+_ERROR_STATES = (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR)
+_SQLSTATE = pq.DiagnosticField.SQLSTATE
+_MESSAGE = pq.DiagnosticField.MESSAGE_PRIMARY
+_DETAIL = pq.DiagnosticField.MESSAGE_DETAIL
+
+_CONNECT_ARGS: dict[str, Any] = {"replication": "database", "autocommit": True}
+
+
+def _connect_error(error: psycopg.OperationalError) -> errors.PgcdcError:
+    """A typed error for a failed connection attempt (libpq gives text, rarely a SQLSTATE)."""
+    message = str(error)
+    lowered = message.lower()
+    if "password authentication failed" in lowered or "no password supplied" in lowered:
+        return errors.AuthenticationFailed(
+            f"{message}\nCheck the user's password (conninfo, PGPASSWORD or ~/.pgpass) and the "
+            "authentication method pg_hba.conf requires for this host"
+        )
+    if "replication" in lowered and (
+        "permission denied" in lowered or "must be superuser or replication" in lowered
+    ):
+        return translate("42501", message)
+    return errors.ConnectionFailed(
+        f"{message}\nCheck host, port, TLS settings (sslmode, sslrootcert) and that the server "
+        "accepts replication connections for this user and database in pg_hba.conf"
+    )
+
+
+def _result_error(result: pq.abc.PGresult, encoding: str) -> tuple[str | None, str, str | None]:
+    def field(code: pq.DiagnosticField) -> str | None:
+        value = result.error_field(code)
+        return None if value is None else value.decode(encoding, "replace")
+
+    message = field(_MESSAGE) or (result.error_message.decode(encoding, "replace").strip())
+    return field(_SQLSTATE), message, field(_DETAIL)
+
+
+def _result_set(result: pq.abc.PGresult, encoding: str) -> ResultSet:
+    columns = tuple(
+        (result.fname(i) or b"").decode(encoding, "replace") for i in range(result.nfields)
+    )
+    rows = tuple(
+        tuple(result.get_value(r, c) for c in range(result.nfields)) for r in range(result.ntuples)
+    )
+    return ResultSet(columns, rows, encoding)
+
+
+class _Session:
+    """The protocol steps of a replication connection, as generators over one PGconn."""
+
+    def __init__(self, pgconn: pq.abc.PGconn, encoding: str) -> None:
+        self.pgconn = pgconn
+        self.encoding = encoding
+        self.stream: _StreamCore | None = None
+        self.completed_streams = 0
+
+    def lost(self, error: Exception | None = None) -> errors.ConnectionLost:
+        detail = f": {error}" if error else ""
+        return errors.ConnectionLost(
+            f"the connection to the server was lost{detail}; reconnect and restart streaming "
+            "from the last confirmed LSN (nothing after it was reported to the server)"
+        )
+
+    def consume(self) -> None:
+        try:
+            self.pgconn.consume_input()
+        except psycopg.OperationalError as error:
+            raise self.lost(error) from None
+
+    def flush(self) -> bool:
+        """Send what libpq has buffered; True when all of it went out."""
+        try:
+            return self.pgconn.flush() == 0
+        except psycopg.OperationalError as error:
+            raise self.lost(error) from None
+
+    def send_gen(self, text: str) -> PQGen[None]:
+        if self.stream is not None and not self.stream.ended:
+            raise errors.InvalidArgument(
+                "a replication stream is running on this connection; stop() it before sending "
+                "another command"
+            )
+        try:
+            self.pgconn.send_query(text.encode(self.encoding))
+        except UnicodeEncodeError as error:
+            raise errors.InvalidArgument(
+                f"{text!r} cannot be sent in the connection's encoding {self.encoding}: {error}"
+            ) from None
+        except psycopg.OperationalError as error:
+            raise self.lost(error) from None
+        while not self.flush():
+            ready = yield READ | WRITE, None
+            if ready & READ:
+                self.consume()
+
+    def fetch_gen(self) -> PQGen[pq.abc.PGresult | None]:
+        while self.pgconn.is_busy():
+            if (yield READ, None):
+                self.consume()
+        return self.pgconn.get_result()
+
+    def results_gen(self) -> PQGen[list[pq.abc.PGresult]]:
+        """All results of the query in flight; stops early at a COPY (which has no end)."""
+        results: list[pq.abc.PGresult] = []
+        while True:
+            try:
+                result = yield from self.fetch_gen()
+            except errors.ConnectionLost:
+                if any(r.status in _ERROR_STATES for r in results):
+                    break  # the server said why before it closed: report that
+                raise
+            if result is None:
+                return results
+            results.append(result)
+            if result.status in _COPY_STATES:
+                return results
+        return results
+
+    def raise_for(self, results: list[pq.abc.PGresult]) -> None:
+        for result in results:
+            if result.status in _ERROR_STATES:
+                raise translate(*_result_error(result, self.encoding))
+
+    def execute_gen(self, text: str) -> PQGen[ResultSet]:
+        """Run one command (or SQL statement); its last result's rows."""
+        yield from self.send_gen(text)
+        results = yield from self.results_gen()
+        self.raise_for(results)
+        if not results:
+            raise self.lost()
+        last = results[-1]
+        if last.status in _COPY_STATES:
+            raise errors.ProtocolError(
+                f"{text!r} started a COPY; use start_replication() for streaming"
+            )
+        if last.status not in (_COMMAND_OK, _TUPLES_OK):
+            raise errors.ProtocolError(f"unexpected result status {last.status!r} for {text!r}")
+        return _result_set(last, self.encoding)
+
+    def start_gen(
+        self, text: str, status_interval: float, max_message_size: int
+    ) -> PQGen[_StreamCore]:
+        if not status_interval > 0:
+            raise errors.InvalidArgument(f"status_interval must be positive: {status_interval}")
+        yield from self.send_gen(text)
+        result = yield from self.fetch_gen()
+        if result is None:
+            raise errors.ProtocolError("the server sent no result for START_REPLICATION")
+        if result.status != _COPY_BOTH:
+            rest = yield from self.results_gen()  # leave the connection idle and usable
+            self.raise_for([result, *rest])
+            raise errors.ProtocolError(
+                f"START_REPLICATION returned status {result.status!r} instead of COPY-BOTH"
+            )
+        self.stream = _StreamCore(self, status_interval, max_message_size)
+        return self.stream
+
+
+class _StreamCore:
+    """The COPY-BOTH state machine: messages in, status updates out, no blocking calls.
+
+    ``poll`` takes what libpq already holds without waiting (the hot path); ``read_gen``
+    waits for more, sending a status update whenever one falls due while it waits.
+    """
+
+    def __init__(
+        self,
+        session: _Session,
+        status_interval: float,
+        max_message_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session = session
+        self.pgconn = session.pgconn
+        self.status_interval = status_interval
+        self.max_message_size = max_message_size
+        self.clock = clock
+        self.confirmed: LSN = INVALID_LSN
+        self.server_wal_end: LSN | None = None
+        self.last_keepalive: PrimaryKeepalive | None = None
+        self.next_status = clock() + status_interval
+        self.want_write = False
+        self.copy_ended = False  # the server left COPY mode (error or shutdown)
+        self.ended = False  # the stream is over; the connection is idle or gone
+
+    # --- outgoing ----------------------------------------------------------------------------
+
+    def send_status(self, reply_requested: bool = False) -> None:
+        """Queue a standby status update with the confirmed position and try to send it."""
+        confirmed = self.confirmed
+        message = standby_status_update(confirmed, confirmed, confirmed, None, reply_requested)
+        try:
+            queued = self.pgconn.put_copy_data(message)
+        except psycopg.OperationalError as error:
+            raise self.session.lost(error) from None
+        if queued == 0:  # libpq's buffer is full: retry when the socket takes more
+            self.next_status = 0.0
+            self.want_write = True
+            return
+        self.want_write = not self.session.flush()
+        self.next_status = self.clock() + self.status_interval
+
+    def confirm(self, lsn: LSN) -> None:
+        """The consumer has durably stored everything up to ``lsn``; tell the server now."""
+        if self.ended:
+            raise errors.InvalidArgument("the replication stream has ended; nothing to confirm")
+        if lsn > self.confirmed:
+            self.confirmed = LSN(lsn)
+            self.send_status()
+
+    # --- incoming ----------------------------------------------------------------------------
+
+    def poll(self) -> XLogData | PrimaryKeepalive | None:
+        """The next message libpq has already received, or None (nothing yet, or ended)."""
+        if self.copy_ended:
+            return None
+        if self.clock() >= self.next_status:
+            self.send_status()
+        try:
+            size, data = self.pgconn.get_copy_data(1)
+        except psycopg.OperationalError as error:
+            raise self.session.lost(error) from None
+        if size > 0:
+            message = parse_copy_data(data, self.max_message_size)
+            if type(message) is PrimaryKeepalive:
+                self.server_wal_end = message.wal_end
+                self.last_keepalive = message
+                if message.reply_requested:
+                    self.send_status()
+            return message
+        if size == -1:
+            self.copy_ended = True
+        return None
+
+    def read_gen(self, timeout: float | None) -> PQGen[XLogData | PrimaryKeepalive | None]:
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            message = self.poll()
+            if message is not None:
+                return message
+            if self.copy_ended:
+                yield from self.server_ended_gen()
+            now = self.clock()
+            if deadline is not None and now >= deadline:
+                return None
+            wait = self.next_status - now
+            if deadline is not None and deadline - now < wait:
+                wait = deadline - now
+            ready = yield (READ | WRITE if self.want_write else READ), max(wait, 0.0)
+            if ready & WRITE:
+                self.want_write = not self.session.flush()
+            if ready & READ:
+                self.session.consume()
+
+    def server_ended_gen(self) -> PQGen[None]:
+        """The server left COPY mode on its own: raise why (it always is an error to us)."""
+        self.ended = True
+        results = yield from self.session.results_gen()
+        for result in results:
+            if result.status in _ERROR_STATES:
+                sqlstate, message, detail = _result_error(result, self.session.encoding)
+                specific = translate(sqlstate, message, detail)
+                error = errors.ReplicationStreamError(message, sqlstate=sqlstate, detail=detail)
+                if type(specific) is not errors.ServerError:
+                    raise error from specific
+                raise error
+        if self.session.completed_streams:
+            raise errors.UnsupportedFeature(
+                "the server ended this logical stream at once: a walsender keeps the end state "
+                "of the previous stream on its connection, so every START_REPLICATION needs a "
+                "new connection (ReplicationConnection.connect); this one still runs commands"
+            )
+        raise errors.ConnectionLost(
+            "the server ended the replication stream without an error (shutting down?); "
+            "reconnect and restart from the last confirmed LSN"
+        )
+
+    def stop_gen(self) -> PQGen[None]:
+        """Report the confirmed position, send CopyDone, drain to CommandComplete."""
+        if self.ended:
+            return
+        if self.copy_ended:
+            yield from self.server_ended_gen()
+        self.send_status()
+        try:
+            while self.pgconn.put_copy_end(None) == 0:
+                yield WRITE, None
+        except psycopg.OperationalError as error:
+            raise self.session.lost(error) from None
+        while not self.session.flush():
+            if (yield READ | WRITE, None) & READ:
+                self.session.consume()
+        # Messages still in flight were not confirmed; the server sends them again next time.
+        while True:
+            try:
+                size, _ = self.pgconn.get_copy_data(1)
+            except psycopg.OperationalError as error:
+                raise self.session.lost(error) from None
+            if size == -1:
+                break
+            if size == 0 and (yield READ, None):
+                self.session.consume()
+        self.ended = True
+        self.session.completed_streams += 1
+        self.session.raise_for((yield from self.session.results_gen()))
+
+
+class _ConnectionBase:
+    def __init__(self, connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]):
+        self.connection = connection
+        self._session = _Session(connection.pgconn, connection.info.encoding)
+
+    @property
+    def pgconn(self) -> pq.abc.PGconn:
+        return self._session.pgconn
+
+    @property
+    def server_version(self) -> int:
+        """As libpq reports it: 150004 for 15.4."""
+        return self.pgconn.server_version
+
+    def _start_command(self, slot_name: str, start_lsn: LSN, options: Options) -> str:
+        return commands.start_replication(slot_name, start_lsn, options)
+
+
+class _StreamBase:
+    def __init__(self, core: _StreamCore) -> None:
+        self._core = core
+
+    @property
+    def confirmed_lsn(self) -> LSN:
+        """The position last reported to the server as written, flushed and applied."""
+        return self._core.confirmed
+
+    @property
+    def server_wal_end(self) -> LSN | None:
+        """wal_end of the latest keepalive: all WAL before it has been sent to us."""
+        return self._core.server_wal_end
+
+    @property
+    def last_keepalive(self) -> PrimaryKeepalive | None:
+        return self._core.last_keepalive
+
+    @property
+    def ended(self) -> bool:
+        return self._core.ended
+
+    def confirm(self, lsn: LSN) -> None:
+        """Everything up to ``lsn`` is stored; the slot may advance to it. Never blocks."""
+        self._core.confirm(lsn)
+
+
+class ReplicationStream(_StreamBase):
+    """A running START_REPLICATION: iterate for XLogData, or read() to see keepalives too."""
+
+    def __init__(self, core: _StreamCore, waiter: SyncWaiter) -> None:
+        super().__init__(core)
+        self._waiter = waiter
+
+    def read(self, timeout: float | None = None) -> XLogData | PrimaryKeepalive | None:
+        """The next message, or None after ``timeout`` seconds without one."""
+        message = self._core.poll()
+        if message is not None:
+            return message
+        return self._waiter.run(self._core.read_gen(timeout))
+
+    def __iter__(self) -> Iterator[XLogData]:
+        return self
+
+    def __next__(self) -> XLogData:
+        core, run = self._core, self._waiter.run
+        while True:
+            message = core.poll() or run(core.read_gen(None))
+            if type(message) is XLogData:
+                return message
+
+    def stop(self) -> None:
+        """End the stream cleanly; the connection can run commands again afterwards."""
+        self._waiter.run(self._core.stop_gen())
+
+    def __enter__(self) -> ReplicationStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._core.ended and self._core.session.pgconn.status == pq.ConnStatus.OK:
+            self.stop()
+
+
+class AsyncReplicationStream(_StreamBase):
+    """The asyncio twin of ReplicationStream (same generators, driven by the event loop)."""
+
+    def __init__(self, core: _StreamCore, fileno: int) -> None:
+        super().__init__(core)
+        self._fileno = fileno
+
+    async def read(self, timeout: float | None = None) -> XLogData | PrimaryKeepalive | None:
+        message = self._core.poll()
+        if message is not None:
+            return message
+        return await run_async(self._core.read_gen(timeout), self._fileno)
+
+    def __aiter__(self) -> AsyncIterator[XLogData]:
+        return self
+
+    async def __anext__(self) -> XLogData:
+        core = self._core
+        while True:
+            message = core.poll() or await run_async(core.read_gen(None), self._fileno)
+            if type(message) is XLogData:
+                return message
+
+    async def stop(self) -> None:
+        await run_async(self._core.stop_gen(), self._fileno)
+
+    async def __aenter__(self) -> AsyncReplicationStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._core.ended and self._core.session.pgconn.status == pq.ConnStatus.OK:
+            await self.stop()
+
+
+class ReplicationConnection(_ConnectionBase):
+    """A blocking replication connection (replication=database) to one database."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        super().__init__(connection)
+        self._sync_connection = connection
+        self._waiter = SyncWaiter(connection.pgconn.socket)
+
+    @classmethod
+    def connect(cls, conninfo: str = "", **kwargs: Any) -> ReplicationConnection:
+        """Connect as libpq would (conninfo or URI, PG* variables, .pgpass, TLS, SCRAM)."""
+        try:
+            connection = psycopg.Connection.connect(conninfo, **{**kwargs, **_CONNECT_ARGS})
+        except psycopg.OperationalError as error:
+            raise _connect_error(error) from None
+        return cls(connection)
+
+    def run(self, command: Command[T]) -> T:
+        return command.parse(self._waiter.run(self._session.execute_gen(command.text)))
+
+    def execute(self, sql: str) -> ResultSet:
+        """Plain SQL (simple query protocol), e.g. BEGIN before CREATE ... SNAPSHOT 'use'."""
+        return self._waiter.run(self._session.execute_gen(sql))
+
+    def identify_system(self) -> SystemIdentity:
+        return self.run(commands.identify_system())
+
+    def show(self, name: str) -> str:
+        return self.run(commands.show(name))
+
+    def timeline_history(self, timeline: int) -> TimelineHistory:
+        return self.run(commands.timeline_history(timeline))
+
+    def create_replication_slot(
+        self,
+        slot_name: str,
+        output_plugin: str,
+        *,
+        temporary: bool = False,
+        snapshot: SnapshotAction | None = None,
+        two_phase: bool = False,
+        failover: bool = False,
+    ) -> CreatedSlot:
+        return self.run(
+            commands.create_replication_slot(
+                self.server_version,
+                slot_name,
+                output_plugin,
+                temporary=temporary,
+                snapshot=snapshot,
+                two_phase=two_phase,
+                failover=failover,
+            )
+        )
+
+    def read_replication_slot(self, slot_name: str) -> SlotPosition:
+        return self.run(commands.read_replication_slot(self.server_version, slot_name))
+
+    def alter_replication_slot(
+        self, slot_name: str, *, two_phase: bool | None = None, failover: bool | None = None
+    ) -> None:
+        self.run(
+            commands.alter_replication_slot(
+                self.server_version, slot_name, two_phase=two_phase, failover=failover
+            )
+        )
+
+    def drop_replication_slot(self, slot_name: str, *, wait: bool = False) -> None:
+        self.run(commands.drop_replication_slot(slot_name, wait=wait))
+
+    def start_replication(
+        self,
+        slot_name: str,
+        start_lsn: LSN = INVALID_LSN,
+        options: Options = (),
+        *,
+        status_interval: float = DEFAULT_STATUS_INTERVAL,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> ReplicationStream:
+        """Stream from a logical slot; 0/0 starts at the slot's confirmed_flush_lsn."""
+        text = self._start_command(slot_name, start_lsn, options)
+        core = self._waiter.run(self._session.start_gen(text, status_interval, max_message_size))
+        return ReplicationStream(core, self._waiter)
+
+    def close(self) -> None:
+        self._waiter.close()
+        self._sync_connection.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._sync_connection.closed
+
+    def __enter__(self) -> ReplicationConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncReplicationConnection(_ConnectionBase):
+    """The asyncio twin of ReplicationConnection."""
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        super().__init__(connection)
+        self._async_connection = connection
+        self._fileno = connection.pgconn.socket
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> AsyncReplicationConnection:
+        try:
+            connection = await psycopg.AsyncConnection.connect(
+                conninfo, **{**kwargs, **_CONNECT_ARGS}
+            )
+        except psycopg.OperationalError as error:
+            raise _connect_error(error) from None
+        return cls(connection)
+
+    async def run(self, command: Command[T]) -> T:
+        return command.parse(await run_async(self._session.execute_gen(command.text), self._fileno))
+
+    async def execute(self, sql: str) -> ResultSet:
+        return await run_async(self._session.execute_gen(sql), self._fileno)
+
+    async def identify_system(self) -> SystemIdentity:
+        return await self.run(commands.identify_system())
+
+    async def show(self, name: str) -> str:
+        return await self.run(commands.show(name))
+
+    async def timeline_history(self, timeline: int) -> TimelineHistory:
+        return await self.run(commands.timeline_history(timeline))
+
+    async def create_replication_slot(
+        self,
+        slot_name: str,
+        output_plugin: str,
+        *,
+        temporary: bool = False,
+        snapshot: SnapshotAction | None = None,
+        two_phase: bool = False,
+        failover: bool = False,
+    ) -> CreatedSlot:
+        return await self.run(
+            commands.create_replication_slot(
+                self.server_version,
+                slot_name,
+                output_plugin,
+                temporary=temporary,
+                snapshot=snapshot,
+                two_phase=two_phase,
+                failover=failover,
+            )
+        )
+
+    async def read_replication_slot(self, slot_name: str) -> SlotPosition:
+        return await self.run(commands.read_replication_slot(self.server_version, slot_name))
+
+    async def alter_replication_slot(
+        self, slot_name: str, *, two_phase: bool | None = None, failover: bool | None = None
+    ) -> None:
+        await self.run(
+            commands.alter_replication_slot(
+                self.server_version, slot_name, two_phase=two_phase, failover=failover
+            )
+        )
+
+    async def drop_replication_slot(self, slot_name: str, *, wait: bool = False) -> None:
+        await self.run(commands.drop_replication_slot(slot_name, wait=wait))
+
+    async def start_replication(
+        self,
+        slot_name: str,
+        start_lsn: LSN = INVALID_LSN,
+        options: Options = (),
+        *,
+        status_interval: float = DEFAULT_STATUS_INTERVAL,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> AsyncReplicationStream:
+        text = self._start_command(slot_name, start_lsn, options)
+        core = await run_async(
+            self._session.start_gen(text, status_interval, max_message_size), self._fileno
+        )
+        return AsyncReplicationStream(core, self._fileno)
+
+    async def close(self) -> None:
+        await self._async_connection.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._async_connection.closed
+
+    async def __aenter__(self) -> AsyncReplicationConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
