@@ -1,0 +1,93 @@
+# mypy: disable-error-code="import-untyped"
+"""The durable change log: append-only segments of committed transactions.
+
+``ChangeLogWriter`` appends and makes transactions durable (``flush()`` returns the end LSN the
+receiver may confirm); ``ChangeLog`` lists and reads segments, restores transactions and tracks
+consumer acknowledgements so that segments every consumer is past can be released. The file
+format is described in ``pgcdc.changelog.segments``, the row schema in ``pgcdc.changelog.codec``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from pgcdc.changelog import segments as _fmt
+from pgcdc.changelog.codec import SCHEMA, LogState, decode, encode
+from pgcdc.changelog.consumers import Consumers
+from pgcdc.changelog.reader import (
+    SegmentInfo,
+    read_segment,
+    read_transactions,
+    segment_info,
+    segment_paths,
+    state_at,
+)
+from pgcdc.changelog.writer import ChangeLogWriter
+from pgcdc.lsn import LSN
+from pgcdc.transactions import CommittedTransaction
+
+
+class ChangeLog:
+    """A change log at a local path, a URI or a path on a given ``pyarrow.fs.FileSystem``."""
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None
+    ) -> None:
+        self.filesystem, self.root = _fmt.resolve(root, filesystem)
+        self.consumers = Consumers(self.root, filesystem=self.filesystem)
+
+    def writer(self, **options: Any) -> ChangeLogWriter:
+        """Open the log for appending (recovering a torn tail); see ``ChangeLogWriter``."""
+        return ChangeLogWriter(self.root, filesystem=self.filesystem, **options)
+
+    def segments(self) -> list[SegmentInfo]:
+        """Every segment holding at least one transaction, oldest first."""
+        infos = (
+            segment_info(p, filesystem=self.filesystem)
+            for p in segment_paths(self.filesystem, self.root)
+        )
+        return [i for i in infos if i.first_commit_lsn is not None]
+
+    def read_segment(
+        self, path: str, from_lsn: int | None = None, to_lsn: int | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        return read_segment(path, from_lsn, to_lsn, filesystem=self.filesystem)
+
+    def read_transactions(
+        self, from_lsn: int | None = None, to_lsn: int | None = None
+    ) -> Iterator[CommittedTransaction]:
+        return read_transactions(self.root, from_lsn, to_lsn, filesystem=self.filesystem)
+
+    def state_at(self, segment: SegmentInfo | str) -> LogState:
+        path = segment.path if isinstance(segment, SegmentInfo) else segment
+        return state_at(path, filesystem=self.filesystem)
+
+    def register_consumer(self, name: str, *, acknowledged_lsn: int = 0) -> LSN:
+        return self.consumers.register(name, acknowledged_lsn=acknowledged_lsn)
+
+    def acknowledge(self, consumer: str, lsn: int) -> LSN:
+        return self.consumers.acknowledge(consumer, lsn)
+
+    def release(self) -> list[str]:
+        return self.consumers.release()
+
+
+__all__ = [
+    "SCHEMA",
+    "ChangeLog",
+    "ChangeLogWriter",
+    "Consumers",
+    "LogState",
+    "SegmentInfo",
+    "decode",
+    "encode",
+    "read_segment",
+    "read_transactions",
+    "segment_info",
+    "state_at",
+]

@@ -1,0 +1,385 @@
+# mypy: disable-error-code="import-untyped"
+"""Appending committed transactions to the change log, durably.
+
+Local files: the active segment is appended to and fsync'd by ``flush()``; on open, a torn or
+damaged tail (a crash mid-write) is copied aside to ``<segment>.torn-<offset>`` and cut, so
+the log is always a prefix of what was appended, made of whole transactions.
+
+Other pyarrow filesystems (object stores cannot append, truncate or fsync): each ``flush()``
+(or roll) completes one immutable segment, written to a temporary name and then moved into
+place. The trade-off: every flush makes a new object, so flush in batches (e.g. every few
+seconds), not per transaction; a crash loses only what was not flushed, and leaves at most a
+temporary object, deleted on the next open. There is no writer lock on such filesystems: run
+one writer per log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import uuid
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from pgcdc.changelog import segments as fmt
+from pgcdc.changelog.codec import BatchBuilder, LogState, decode_rows
+from pgcdc.errors import ChangeLogLocked, CorruptChangeLog
+from pgcdc.events import Event, Relation, Type
+from pgcdc.lsn import LSN
+from pgcdc.transactions import CommittedTransaction
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "writer.lock"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ChangeLogWriter:
+    """The single appender of a change log. Use as a context manager, or call ``close()``."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        segment_bytes: int = 256 << 20,
+        frame_bytes: int = 4 << 20,
+        compression: str | None = "zstd",
+    ) -> None:
+        self._fs, self._root = fmt.resolve(root, filesystem)
+        self._local = fmt.is_local(self._fs)
+        self._segment_bytes = segment_bytes
+        self._frame_bytes = frame_bytes
+        self._compression = compression
+        self._builder = BatchBuilder()
+        self._buffer_bytes = 0
+        self._state = LogState()
+        self._next_state = LogState()
+        # Last appended complete transaction; last one written in a FINAL frame; last durable.
+        self._done = (LSN(0), LSN(0))
+        self._written = (LSN(0), LSN(0))
+        self._durable = (LSN(0), LSN(0))
+        self._group_first: LSN | None = None
+        self._lock: IO[bytes] | None = None
+        # The open segment: a local file, or a pyarrow output stream to a temporary path.
+        self._file: Any = None
+        self._segment_path: str | None = None
+        self._temp_path: str | None = None
+        self._segment_size = 0
+        self._segment_first_lsn: LSN | None = None
+        self._closed = False
+        self._open()
+
+    # --- positions ---------------------------------------------------------------------------
+
+    @property
+    def last_commit_lsn(self) -> LSN:
+        """Commit LSN of the last transaction appended (recovered from the log on open)."""
+        return self._done[0]
+
+    @property
+    def durable_lsn(self) -> LSN:
+        """End LSN of the last transaction known to be on stable storage."""
+        return self._durable[1]
+
+    @property
+    def durable_commit_lsn(self) -> LSN:
+        return self._durable[0]
+
+    # --- opening and recovery ----------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._local:
+            os.makedirs(self._root, exist_ok=True)
+            lock = open(fmt.join(self._root, LOCK_NAME), "ab")  # noqa: SIM115
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                raise ChangeLogLocked(
+                    f"another process is writing the change log at {self._root}; stop it "
+                    "first (only one writer may append to a log)"
+                ) from None
+            self._lock = lock
+        else:
+            self._fs.create_dir(self._root, recursive=True)
+        names = []
+        for info in self._fs.get_file_info(pafs.FileSelector(self._root)):
+            if info.base_name.endswith(fmt.TEMP_SUFFIX):
+                self._fs.delete_file(info.path)  # an unfinished segment of a crashed writer
+            elif fmt.SEGMENT_NAME.match(info.base_name):
+                names.append(info.base_name)
+        names.sort()
+        if not names:
+            return
+        path = fmt.join(self._root, names[-1])
+        if self._local:
+            self._recover_local(path)
+        else:
+            with self._fs.open_input_file(path) as f:
+                scan = fmt.scan(f, f.size(), path, verify=True)
+                if scan.problem is not None or not scan.sealed:
+                    raise CorruptChangeLog(
+                        f"{path}: an immutable segment is damaged ({scan.problem or 'no seal'})"
+                    )
+                self._load_state(scan, f, path)
+            self._next_state = self._state.copy()
+        position = (self._last_scan.last_commit_lsn, self._last_scan.end_lsn)
+        self._done = self._written = self._durable = position
+
+    def _recover_local(self, path: str) -> None:
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            scan = fmt.scan(f, size, path, verify=True)
+            if scan.valid_end < size:
+                f.seek(scan.valid_end)
+                tail = f.read()
+                aside = f"{path}.torn-{scan.valid_end}"
+                with open(aside, "wb") as out:
+                    out.write(tail)
+                    out.flush()
+                    os.fsync(out.fileno())
+                log.warning(
+                    "change log %s: cut %d bytes at offset %d (%s); they are kept in %s",
+                    path,
+                    size - scan.valid_end,
+                    scan.valid_end,
+                    scan.problem,
+                    aside,
+                )
+                f.truncate(scan.valid_end)
+                f.flush()
+                os.fsync(f.fileno())
+                _fsync_dir(self._root)
+            self._load_state(scan, f, path)
+        if scan.sealed:
+            self._next_state = self._state.copy()
+        else:
+            self._file = open(path, "r+b")  # noqa: SIM115
+            self._file.seek(scan.valid_end)
+            self._segment_path = path
+            self._segment_size = scan.valid_end
+            self._segment_first_lsn = scan.first_commit_lsn
+
+    def _load_state(self, scan: fmt.Scan, file: Any, path: str) -> None:
+        """The state at the end of the last segment: its header's plus its definitions."""
+        self._last_scan = scan
+        state = scan.header.state.copy()
+        for ref in scan.frames:
+            if not ref.header.rows:
+                continue
+            file.seek(ref.offset + fmt.FRAME_HEADER_SIZE)
+            payload = pa.py_buffer(file.read(ref.header.length))
+            for batch in fmt.decode_payload(payload, path):
+                kinds = batch.column("kind").cast(pa.string())
+                chosen = batch.filter(pc.is_in(kinds, pa.array(["relation", "type"])))
+                for row in decode_rows(chosen):
+                    if row.event is not None:
+                        state.observe(row.event)
+        self._state = state
+        self._next_state = scan.header.state.copy()
+
+    # --- appending ---------------------------------------------------------------------------
+
+    def append(self, txn: CommittedTransaction) -> bool:
+        """Log ``txn``; False (and nothing logged) when its commit LSN is not past the log's.
+
+        ``txn.events`` is consumed once, as an iterator, so a transaction spilled to disk is
+        streamed into frames without being held in memory. If it raises, nothing of ``txn``
+        stays in the log and the error propagates.
+        """
+        self._check_open()
+        if txn.commit_lsn <= self._done[0]:
+            return False
+        start_rows = self._builder.rows
+        spilled_from: int | None = None
+        first_before = self._segment_first_lsn
+        definitions: list[Event] = []
+        try:
+            seq = -1
+            for seq, event in enumerate(txn.events):
+                self._buffer_bytes += self._builder.add(txn, seq, event)
+                if isinstance(event, Relation | Type):
+                    definitions.append(event)
+                if self._buffer_bytes < self._frame_bytes:
+                    continue
+                batch = self._builder.build()
+                self._buffer_bytes = 0
+                if spilled_from is None:
+                    # The first frame of a large transaction: first write the complete ones.
+                    if self._done > self._written:
+                        self._write_batch(
+                            batch.slice(0, start_rows), fmt.FINAL, self._group_first, *self._done
+                        )
+                        self._written = self._done
+                        self._group_first = None
+                    self._ensure_segment()
+                    spilled_from = self._segment_size
+                    first_before = self._segment_first_lsn
+                    batch = batch.slice(start_rows)
+                    start_rows = 0
+                self._write_batch(batch, 0, txn.commit_lsn, txn.commit_lsn, txn.end_lsn)
+            if seq < 0:
+                self._buffer_bytes += self._builder.add(txn, 0, None)
+        except BaseException:
+            self._abandon(start_rows, spilled_from, first_before)
+            raise
+        for event in definitions:
+            self._state.observe(event)
+        if self._group_first is None:
+            self._group_first = txn.commit_lsn
+        self._done = (txn.commit_lsn, txn.end_lsn)
+        if self._segment_size + self._buffer_bytes >= self._segment_bytes:
+            self._finish_segment()
+        return True
+
+    def _write_batch(
+        self, batch: pa.RecordBatch | None, flags: int, first: LSN | None, last: LSN, end: LSN
+    ) -> None:
+        payload = fmt.encode_payload(batch, self._compression)
+        rows = 0 if batch is None else batch.num_rows
+        first = first if first is not None else last
+        header = fmt.encode_frame(flags, first, last, end, rows=rows, payload=payload)
+        self._ensure_segment()
+        self._file.write(header)
+        self._file.write(payload)
+        self._segment_size += len(header) + payload.size
+        if self._segment_first_lsn is None and not flags & fmt.ABORT:
+            self._segment_first_lsn = first
+
+    def _abandon(self, start_rows: int, spilled_from: int | None, first_before: LSN | None) -> None:
+        """Remove every trace of the transaction that failed; keep the ones before it."""
+        batch = self._builder.build()
+        self._buffer_bytes = 0
+        if spilled_from is None:
+            if self._done > self._written:
+                self._write_batch(
+                    batch.slice(0, start_rows), fmt.FINAL, self._group_first, *self._done
+                )
+                self._written = self._done
+                self._group_first = None
+        elif self._local:
+            self._file.flush()
+            self._file.truncate(spilled_from)
+            self._file.seek(spilled_from)
+            self._segment_size = spilled_from
+            self._segment_first_lsn = first_before
+        else:
+            self._write_batch(None, fmt.ABORT, None, *self._written)
+
+    # --- segments ----------------------------------------------------------------------------
+
+    def _ensure_segment(self) -> None:
+        if self._file is not None:
+            return
+        header = fmt.SegmentHeader(self._written[0], self._written[1], self._next_state)
+        name = fmt.segment_name(self._written[0])
+        path = fmt.join(self._root, name)
+        temp = f"{path}.{uuid.uuid4().hex}{fmt.TEMP_SUFFIX}"
+        data = header.encode()
+        if self._local:
+            with open(temp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+            _fsync_dir(self._root)
+            self._file = open(path, "r+b")  # noqa: SIM115
+            self._file.seek(len(data))
+        else:
+            self._file = self._fs.open_output_stream(temp)
+            self._file.write(data)
+            self._temp_path = temp
+        self._segment_path = path
+        self._segment_size = len(data)
+        self._segment_first_lsn = None
+
+    def _write_pending(self) -> None:
+        """Write the buffered complete transactions as a FINAL frame."""
+        if self._done > self._written:
+            self._write_batch(self._builder.build(), fmt.FINAL, self._group_first, *self._done)
+            self._buffer_bytes = 0
+            self._written = self._done
+            self._group_first = None
+
+    def _finish_segment(self) -> None:
+        """Seal the open segment: it becomes immutable and the next append starts another."""
+        self._write_pending()
+        if self._file is None:
+            return
+        seal = fmt.encode_frame(
+            fmt.SEAL,
+            self._segment_first_lsn or self._written[0],
+            *self._written,
+            rows=0,
+            payload=b"",
+        )
+        self._file.write(seal)
+        if self._local:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        else:
+            self._file.close()
+            assert self._temp_path is not None and self._segment_path is not None
+            self._fs.move(self._temp_path, self._segment_path)
+            self._temp_path = None
+        self._file = None
+        self._segment_path = None
+        self._durable = self._written
+        self._next_state = self._state.copy()
+        self._segment_size = 0
+
+    # --- durability --------------------------------------------------------------------------
+
+    def flush(self) -> LSN:
+        """Make every appended transaction durable; return the end LSN of the last one.
+
+        That LSN is what the receiver may confirm to the server as flushed.
+        """
+        self._check_open()
+        if self._local:
+            self._write_pending()
+            if self._file is not None:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            self._durable = self._written
+        else:
+            self._finish_segment()
+        return self._durable[1]
+
+    def close(self) -> None:
+        """Flush and release the log (sealing nothing: a reopened writer continues the segment)."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+            if self._local and self._file is not None:
+                self._file.close()
+                self._file = None
+        finally:
+            self._closed = True
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the change log writer is closed")
+
+    def __enter__(self) -> ChangeLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
