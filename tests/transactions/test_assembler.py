@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pgcdc.errors import TransactionSequenceError
-from pgcdc.events import Insert, Message, Relation, Type
+from pgcdc.events import Event, Insert, Message, Relation, Type
 from pgcdc.lsn import LSN
 from pgcdc.transactions import TransactionAssembler, TransactionOutcome
 
@@ -68,7 +68,7 @@ def test_nothing_is_emitted_before_commit() -> None:
 
 
 def test_interleaved_streams_are_delivered_in_commit_order() -> None:
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         ins(101, 1, 800),
         ins(102, 2, 800),
@@ -96,7 +96,7 @@ def test_interleaved_streams_are_delivered_in_commit_order() -> None:
 
 
 def test_stream_subtransaction_abort_drops_only_its_changes() -> None:
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         rel(101, xid=800),
         ins(102, 1, 800),
@@ -119,7 +119,7 @@ def test_stream_subtransaction_abort_drops_only_its_changes() -> None:
 
 
 def test_stream_abort_of_top_level_drops_the_transaction() -> None:
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         ins(101, 1, 800),
         ins(102, 2, 801),
@@ -139,7 +139,7 @@ def test_stream_abort_of_top_level_drops_the_transaction() -> None:
 
 def test_subtransaction_abort_named_by_subxid_only() -> None:
     """test_decoding names only the aborted subtransaction's xid."""
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         ins(101, 1, 800),
         ins(102, 2, 801),
@@ -163,6 +163,7 @@ def test_changes_without_xid_in_a_stream_belong_to_the_top_level() -> None:
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_two_phase_commit_holds_until_commit_prepared(streamed: bool) -> None:
+    body: list[Event]
     if streamed:
         body = [sstart(100, 800), ins(101, 1, 800), sstop(102), sprepare(110, 800, "g1")]
     else:
@@ -187,6 +188,7 @@ def test_two_phase_commit_holds_until_commit_prepared(streamed: bool) -> None:
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_two_phase_rollback_drops(streamed: bool) -> None:
+    body: list[Event]
     if streamed:
         body = [sstart(100, 800), ins(101, 1, 800), sstop(102), sprepare(110, 800, "g1")]
     else:
@@ -198,13 +200,13 @@ def test_two_phase_rollback_drops(streamed: bool) -> None:
 
 
 def test_test_decoding_prepare_starts_with_plain_begin() -> None:
-    events = [begin(100, 800), ins(101, 1), prepare(110, 800, "g1")]
+    events: list[Event] = [begin(100, 800), ins(101, 1), prepare(110, 800, "g1")]
     out = run([*events, commit_prepared(130, 800, "g1")])
     assert [(t.xid, row_ids(t)) for t in out] == [(800, [1])]
 
 
 def test_emit_at_prepare_emits_prepare_then_decision() -> None:
-    events = [
+    events: list[Event] = [
         begin_prepare(100, 800, "g1"),
         ins(101, 1),
         prepare(110, 800, "g1"),
@@ -240,7 +242,7 @@ def test_commit_prepared_for_unseen_prepare_is_an_error_when_holding() -> None:
 
 
 def test_origin_is_reported_and_filterable() -> None:
-    events = [
+    events: list[Event] = [
         begin(100, 700),
         origin(101, "node_b"),
         ins(102, 1),
@@ -259,7 +261,7 @@ def test_origin_is_reported_and_filterable() -> None:
 
 
 def test_origin_filtered_transaction_passes_its_relations_on() -> None:
-    events = [
+    events: list[Event] = [
         begin(100, 700),
         origin(101),
         rel(102),
@@ -274,7 +276,7 @@ def test_origin_filtered_transaction_passes_its_relations_on() -> None:
 
 
 def test_streamed_origin_filter() -> None:
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         origin(101),
         ins(102, 1, 800),
@@ -290,7 +292,7 @@ def test_streamed_origin_filter() -> None:
 
 
 def test_messages_transactional_and_not() -> None:
-    events = [
+    events: list[Event] = [
         message(50, transactional=False, content=b"alone"),
         begin(100, 700),
         ins(101, 1),
@@ -317,7 +319,7 @@ def test_non_transactional_message_inside_a_stream_is_emitted_at_once() -> None:
 
 
 def test_streamed_transactional_message_of_aborted_subtransaction_is_dropped() -> None:
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         message(101, True, b"keep", xid=800),
         message(102, True, b"drop", xid=801),
@@ -332,7 +334,7 @@ def test_streamed_transactional_message_of_aborted_subtransaction_is_dropped() -
 def test_relation_and_type_events_stay_in_their_transaction() -> None:
     from pgcdc.events import Type as TypeEvent
 
-    events = [
+    events: list[Event] = [
         begin(100, 700),
         TypeEvent(LSN(101), 90000, "public", "mood"),
         rel(102),
@@ -344,7 +346,7 @@ def test_relation_and_type_events_stay_in_their_transaction() -> None:
 
 
 def test_include_xids_and_timestamp_off_strip_them() -> None:
-    events = [sstart(100, 800), ins(101, 1, 800), sstop(102), scommit(110, 800)]
+    events: list[Event] = [sstart(100, 800), ins(101, 1, 800), sstop(102), scommit(110, 800)]
     [txn] = run(events, include_xids=False, include_timestamp=False)
     assert (txn.xid, txn.commit_time) == (None, None)
     assert [e.xid for e in txn.events if isinstance(e, Insert)] == [None]
@@ -377,7 +379,7 @@ def test_include_xids_and_timestamp_off_strip_them() -> None:
         ),
     ],
 )
-def test_broken_sequences_raise_typed_errors(events: list, error: str) -> None:
+def test_broken_sequences_raise_typed_errors(events: list[Event], error: str) -> None:
     with pytest.raises(TransactionSequenceError, match=error):
         run(events)
 

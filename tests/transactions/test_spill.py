@@ -95,7 +95,7 @@ def test_small_transactions_stay_in_memory(tmp_path: Path) -> None:
 
 
 def test_spilled_stream_with_aborted_subtransaction(tmp_path: Path) -> None:
-    events = [
+    events: list[Event] = [
         sstart(100, 800),
         *[ins(101 + i, i, 800) for i in range(10)],
         *[ins(120 + i, 100 + i, 801) for i in range(10)],
@@ -115,7 +115,7 @@ def test_spilled_stream_with_aborted_subtransaction(tmp_path: Path) -> None:
 
 
 def test_spilled_transaction_dropped_on_abort_removes_its_file(tmp_path: Path) -> None:
-    events = [sstart(100, 800), *[ins(101 + i, i, 800) for i in range(30)], sstop(140)]
+    events: list[Event] = [sstart(100, 800), *[ins(101 + i, i, 800) for i in range(30)], sstop(140)]
     with TransactionAssembler(_options(tmp_path, max_txn_in_memory=TINY)) as assembler:
         list(assembler.feed_all(events))
         assert len(_spill_files(tmp_path)) == 1
