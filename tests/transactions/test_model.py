@@ -171,7 +171,7 @@ def test_output_is_the_committed_transactions_in_commit_order(
             expected.append((None, note))
         xid = data.draw(st.sampled_from(sorted(x for x, q in queues.items() if q)), label="next")
         for kind, event in queues[xid].pop(0):
-            assert isinstance(event, Event.__args__)  # type: ignore[attr-defined]
+            assert isinstance(event, Event.__args__)
             stream.append(event)
             if kind == "emit":
                 expected.append((xid, by_xid[xid].surviving_rows()))
