@@ -27,14 +27,17 @@ from pgcdc.transactions import CommittedTransaction, TransactionOutcome
 
 # --- hypothesis strategies -------------------------------------------------------------------
 
-# Any str, including lone surrogates (what surrogateescape-decoded SQL_ASCII text holds).
-texts = st.text(st.characters(exclude_categories=[]), max_size=20)
+texts = st.text(max_size=20)
+# Values may hold lone surrogates (what surrogateescape-decoded SQL_ASCII text holds).
+value_texts = st.text(
+    st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), max_size=20
+)
 names = st.text(min_size=1, max_size=12)
 lsns = st.integers(0, (1 << 64) - 1).map(LSN)
 oids = st.integers(0, (1 << 32) - 1)
 xids = st.none() | st.integers(0, (1 << 64) - 1)
 values: st.SearchStrategy[RawValue] = st.one_of(
-    st.none(), st.just(UNCHANGED_TOAST), texts, st.binary(max_size=20)
+    st.none(), st.just(UNCHANGED_TOAST), value_texts, st.binary(max_size=20)
 )
 rows = st.lists(values, max_size=5).map(tuple)
 columns = st.builds(

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 
-from pgcdc.changelog.codec import SCHEMA, decode, encode
+from pgcdc.changelog.codec import SCHEMA, BatchBuilder, decode, encode
 from pgcdc.errors import UnloggableInput
 from pgcdc.events import (
     UNCHANGED_TOAST,
@@ -137,9 +137,31 @@ def test_bad_input_is_a_typed_error(transaction, complaint):
         encode([transaction])
 
 
-def test_xid_out_of_range_is_a_typed_error():
+@pytest.mark.parametrize(
+    "transaction",
+    [
+        txn(1, xid=-1),
+        txn(1, Insert(LSN(1), Table("s", "t", (), oid=1 << 32), ())),
+        txn(1, Type(LSN(1), -5, "s", "t")),
+    ],
+)
+def test_numbers_out_of_range_are_a_typed_error(transaction):
     with pytest.raises(UnloggableInput, match="does not fit"):
-        encode([txn(1, xid=-1)])
+        encode([transaction])
+
+
+def test_names_that_are_not_unicode_are_a_typed_error():
+    with pytest.raises(UnloggableInput, match="lone surrogates"):
+        encode([txn(1, Insert(LSN(1), Table("s", "bad\udcff", ()), ()))])
+
+
+def test_a_rejected_event_leaves_the_builder_consistent():
+    builder = BatchBuilder()
+    good = txn(5, Insert(LSN(1), TABLE, ("1", "x", b"y")))
+    builder.add(good, 0, next(iter(good.events)))
+    with pytest.raises(UnloggableInput):
+        builder.add(good, 1, Insert(LSN(2), TABLE, ("1", 2, "late failure")))  # type: ignore[arg-type]
+    assert list(decode([builder.build()])) == [good]
 
 
 def test_schema_is_fixed():

@@ -232,6 +232,35 @@ def _check_lsn(value: int, what: str) -> int:
     return value
 
 
+def _row_values(row: Row) -> tuple[list[int], list[bytes | None], int]:
+    """A row's value kinds and bytes, and its size; an unloggable value raises first."""
+    kinds: list[int] = []
+    values: list[bytes | None] = []
+    size = 0
+    for value in row:
+        if isinstance(value, str):
+            data = value.encode("utf-8", "surrogatepass")
+            kinds.append(VALUE_TEXT)
+            values.append(data)
+            size += len(data)
+        elif isinstance(value, bytes):
+            kinds.append(VALUE_BINARY)
+            values.append(value)
+            size += len(value)
+        elif value is None:
+            kinds.append(VALUE_NULL)
+            values.append(None)
+        elif value is UNCHANGED_TOAST:
+            kinds.append(VALUE_UNCHANGED_TOAST)
+            values.append(None)
+        else:
+            raise UnloggableInput(
+                f"row value {value!r} of type {type(value).__name__} cannot be logged: "
+                "rows hold str, bytes, None or UNCHANGED_TOAST as the server sent them"
+            )
+    return kinds, values, size
+
+
 class _RowColumn:
     """Builds a ``list<struct<kind, value>>`` column from flat lists, without per-value dicts."""
 
@@ -243,37 +272,14 @@ class _RowColumn:
         self.values: list[bytes | None] = []
         self.mask: list[bool] = []
 
-    def append(self, row: Row | None) -> int:
-        """Add a row (None: no row); return the bytes it holds, for frame sizing."""
-        size = 0
+    def append(self, row: tuple[list[int], list[bytes | None], int] | None) -> None:
         if row is None:
             self.mask.append(True)
         else:
             self.mask.append(False)
-            kinds, values = self.kinds, self.values
-            for value in row:
-                if isinstance(value, str):
-                    data = value.encode("utf-8", "surrogatepass")
-                    kinds.append(VALUE_TEXT)
-                    values.append(data)
-                    size += len(data)
-                elif isinstance(value, bytes):
-                    kinds.append(VALUE_BINARY)
-                    values.append(value)
-                    size += len(value)
-                elif value is None:
-                    kinds.append(VALUE_NULL)
-                    values.append(None)
-                elif value is UNCHANGED_TOAST:
-                    kinds.append(VALUE_UNCHANGED_TOAST)
-                    values.append(None)
-                else:
-                    raise UnloggableInput(
-                        f"row value {value!r} of type {type(value).__name__} cannot be logged: "
-                        "rows hold str, bytes, None or UNCHANGED_TOAST as the server sent them"
-                    )
+            self.kinds.extend(row[0])
+            self.values.extend(row[1])
         self.offsets.append(len(self.kinds))
-        return size
 
     def build(self) -> pa.Array:
         values = pa.StructArray.from_arrays(
@@ -286,6 +292,27 @@ class _RowColumn:
             type=ROW_TYPE,
             mask=pa.array(self.mask, pa.bool_()),
         )
+
+
+def _uint(value: int | None, bits: int, what: str) -> int | None:
+    if value is not None and not (isinstance(value, int) and 0 <= value < 1 << bits):
+        raise UnloggableInput(f"{what} {value!r} does not fit the change log (a {bits}-bit uint)")
+    return value
+
+
+def _text(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise UnloggableInput(f"{what} {value!r} is not a str")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnloggableInput(
+            f"{what} {value!r} holds characters that are not valid Unicode (lone surrogates); "
+            "set the database's client encoding so names and origins decode to text"
+        ) from None
+    return value
 
 
 class BatchBuilder:
@@ -309,10 +336,15 @@ class BatchBuilder:
         if len(self._table_json) > 10_000:
             self._table_json.clear()
 
-    def _table_index(self, table: Table) -> int:
+    def _table_text(self, table: Table) -> str:
         text = self._table_json.get(table)
         if text is None:
+            for column in table.columns:
+                _uint(column.type_oid, 32, "column type oid")
             text = self._table_json[table] = _json(table_to_dict(table))
+        return text
+
+    def _table_index(self, text: str) -> int:
         index = self._table_dictionary.get(text)
         if index is None:
             index = self._table_dictionary[text] = len(self._table_dictionary)
@@ -320,10 +352,12 @@ class BatchBuilder:
 
     def add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
         """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
-        without events); return its approximate size."""
-        c = self._columns
-        size = 64
+        without events); return its approximate size. Unloggable input raises before
+        anything is added, so the builder stays consistent."""
         table: Table | None
+        new: Row | None
+        old: Row | None
+        old_is_key: bool | None
         if event is None:
             kind, table, new, old, old_is_key = "transaction", None, None, None, None
         elif isinstance(event, Insert):
@@ -332,13 +366,8 @@ class BatchBuilder:
             kind, table, new, old = "update", event.table, event.new, event.old
             old_is_key = event.old_is_key
         elif isinstance(event, Delete):
-            kind, table, new, old, old_is_key = (
-                "delete",
-                event.table,
-                None,
-                event.old,
-                event.old_is_key,
-            )
+            kind, table, new, old = "delete", event.table, None, event.old
+            old_is_key = event.old_is_key
         elif isinstance(event, Relation):
             kind, table, new, old, old_is_key = "relation", event.table, None, None, None
         elif isinstance(event, Truncate | Message | Type):
@@ -349,64 +378,60 @@ class BatchBuilder:
                 f"{type(event).__name__} events do not belong in a committed transaction; the "
                 "change log stores Relation, Type, Insert, Update, Delete, Truncate and Message"
             )
-        if txn.commit_time is not None and txn.commit_time.tzinfo is None:
+        if txn.commit_time is not None and (
+            not isinstance(txn.commit_time, datetime) or txn.commit_time.tzinfo is None
+        ):
             raise UnloggableInput(
-                f"commit_time {txn.commit_time} has no time zone; decoders give UTC-aware times"
+                f"commit_time {txn.commit_time!r} has no time zone; decoders give UTC-aware times"
             )
-        c["commit_lsn"].append(_check_lsn(txn.commit_lsn, "commit_lsn"))
-        c["end_lsn"].append(_check_lsn(txn.end_lsn, "end_lsn"))
-        c["xid"].append(txn.xid)
-        c["commit_time"].append(txn.commit_time)
-        c["origin"].append(txn.origin)
-        c["origin_lsn"].append(txn.origin_lsn)
-        c["gid"].append(txn.gid)
-        c["outcome"].append(_OUTCOME_INDEX[txn.outcome])
-        c["size"].append(txn.size)
-        c["seq"].append(seq)
-        c["lsn"].append(_check_lsn(event.lsn if event else txn.commit_lsn, "event lsn"))
-        c["kind"].append(_KIND_INDEX[kind])
-        c["event_xid"].append(event.xid if event else None)
+        values: dict[str, Any] = dict.fromkeys(self._columns)
+        values.update(
+            commit_lsn=_uint(txn.commit_lsn, 64, "commit_lsn"),
+            end_lsn=_uint(txn.end_lsn, 64, "end_lsn"),
+            xid=_uint(txn.xid, 64, "xid"),
+            commit_time=txn.commit_time,
+            origin=_text(txn.origin, "origin"),
+            origin_lsn=_uint(txn.origin_lsn, 64, "origin_lsn"),
+            gid=_text(txn.gid, "gid"),
+            outcome=_OUTCOME_INDEX[txn.outcome],
+            size=_uint(txn.size, 64, "size"),
+            seq=_uint(seq, 32, "event position"),
+            lsn=_uint(event.lsn if event else txn.commit_lsn, 64, "event lsn"),
+            kind=_KIND_INDEX[kind],
+            event_xid=_uint(event.xid, 64, "event xid") if event else None,
+            old_is_key=old_is_key,
+        )
+        table_text = None
         if table is not None:
-            c["relation_oid"].append(table.oid)
-            c["namespace"].append(table.namespace)
-            c["name"].append(table.name)
-            self._table_indices.append(self._table_index(table))
-        else:
-            c["relation_oid"].append(None)
-            c["namespace"].append(None)
-            c["name"].append(None)
-            self._table_indices.append(None)
-        size += self._new.append(new) + self._old.append(old)
-        c["old_is_key"].append(old_is_key)
+            values["relation_oid"] = _uint(table.oid, 32, "relation oid")
+            values["namespace"] = _text(table.namespace, "namespace")
+            values["name"] = _text(table.name, "table name")
+            table_text = self._table_text(table)
+        new_row = _row_values(new) if new is not None else None
+        old_row = _row_values(old) if old is not None else None
+        size = 64 + (new_row[2] if new_row else 0) + (old_row[2] if old_row else 0)
         if isinstance(event, Truncate):
-            c["truncate_cascade"].append(event.cascade)
-            c["truncate_restart_identity"].append(event.restart_identity)
-            c["truncate_relations"].append([t.oid for t in event.tables])
-            c["truncate_tables"].append(_json([table_to_dict(t) for t in event.tables]))
-        else:
-            c["truncate_cascade"].append(None)
-            c["truncate_restart_identity"].append(None)
-            c["truncate_relations"].append(None)
-            c["truncate_tables"].append(None)
-        if isinstance(event, Message):
+            values["truncate_cascade"] = bool(event.cascade)
+            values["truncate_restart_identity"] = bool(event.restart_identity)
+            values["truncate_relations"] = [_uint(t.oid, 32, "relation oid") for t in event.tables]
+            values["truncate_tables"] = _json([table_to_dict(t) for t in event.tables])
+        elif isinstance(event, Message):
             if not isinstance(event.content, bytes):
                 raise UnloggableInput(f"message content must be bytes, not {event.content!r}")
-            c["message_transactional"].append(event.transactional)
-            c["message_prefix"].append(event.prefix)
-            c["message_content"].append(event.content)
+            values["message_transactional"] = bool(event.transactional)
+            values["message_prefix"] = _text(event.prefix, "message prefix")
+            values["message_content"] = event.content
             size += len(event.content)
-        else:
-            c["message_transactional"].append(None)
-            c["message_prefix"].append(None)
-            c["message_content"].append(None)
-        if isinstance(event, Type):
-            c["type_oid"].append(event.oid)
-            c["type_namespace"].append(event.namespace)
-            c["type_name"].append(event.name)
-        else:
-            c["type_oid"].append(None)
-            c["type_namespace"].append(None)
-            c["type_name"].append(None)
+        elif isinstance(event, Type):
+            values["type_oid"] = _uint(event.oid, 32, "type oid")
+            values["type_namespace"] = _text(event.namespace, "type namespace")
+            values["type_name"] = _text(event.name, "type name")
+        # Validated: now add the row everywhere.
+        for name, column in self._columns.items():
+            column.append(values[name])
+        self._table_indices.append(self._table_index(table_text) if table_text else None)
+        self._new.append(new_row)
+        self._old.append(old_row)
         self.rows += 1
         return size
 
