@@ -66,6 +66,7 @@ from pgcdc.lsn import LSN
 __all__ = [
     "TestDecodingDecoder",
     "TestDecodingState",
+    "column_for",
     "format_test_decoding",
     "quote_identifier",
 ]
@@ -686,7 +687,7 @@ class _Cursor:
             type_name = self.type_name()
             self.expect("]:")
             values.append(self.value(type_name))
-            columns.append(_column(name, type_name))
+            columns.append(column_for(name, type_name))
         return columns, values
 
     def tuple_or_none(self) -> tuple[list[Column] | None, list[RawValue]]:
@@ -695,7 +696,8 @@ class _Cursor:
         return self.columns()
 
 
-def _column(name: str, type_name: str) -> Column:
+def column_for(name: str, type_name: str) -> Column:
+    """The Column for test_decoding's ``name[type_name]``: built-in OID by name, else 0."""
     builtin = BY_SQL_NAME.get(_strip_typmod(type_name)) or BY_NAME.get(type_name)
     return Column(name, builtin.oid if builtin else 0, type_name=type_name)
 
