@@ -1125,7 +1125,7 @@ class TypeRegistry:
         if raw is None or raw is UNCHANGED_TOAST:
             return raw
         codec = self.codec(type_oid)
-        return _convert(codec, raw)
+        return decode_value(codec, raw)
 
     def converters(self, table: Table) -> list[Codec]:
         """The codecs of ``table``'s columns, resolved once per Table object."""
@@ -1161,13 +1161,14 @@ class TypeRegistry:
             # Find the failing column again, slowly, to name it.
             for column, codec, raw in zip(table.columns, codecs, row, strict=True):
                 if raw is not None and raw is not UNCHANGED_TOAST:
-                    _convert(codec, raw, column, table)
+                    decode_value(codec, raw, column, table)
             raise
 
 
-def _convert(
+def decode_value(
     codec: Codec, raw: str | bytes, column: Column | None = None, table: Table | None = None
 ) -> Any:
+    """``raw`` through ``codec``; failures become a DecodeError naming type, value and column."""
     try:
         if isinstance(raw, str):
             return codec.text(raw)
@@ -1223,7 +1224,7 @@ def _quote_element(text: str) -> str:
     return text
 
 
-def pg_text(value: Any, *, with_tz: bool = True) -> str:
+def pg_text(value: Any) -> str:
     """A Python value from this module in PostgreSQL's text form (DateStyle ISO, UTC).
 
     Used where a value must be kept as text because a typed container cannot hold it.
@@ -1252,20 +1253,26 @@ def pg_text(value: Any, *, with_tz: bool = True) -> str:
         return repr(value)
     if isinstance(value, bytes):
         return "\\x" + value.hex()
+    if isinstance(value, Decimal):
+        return format(value, "f")  # never scientific notation, as numeric_out
     if isinstance(value, datetime):
-        text = value.isoformat(sep=" ")
         if value.tzinfo is not None:
-            utc = value.astimezone(UTC).replace(tzinfo=None)
-            return utc.isoformat(sep=" ") + "+00"
-        return text
+            value = value.astimezone(UTC).replace(tzinfo=None)
+            with_tz = True
+        else:
+            with_tz = False
+        micros = (value - _PG_EPOCH) // timedelta(microseconds=1)
+        return str(PgTimestamp(micros, with_tz))
     if isinstance(value, time):
-        if value.tzinfo is not None:
-            offset = value.utcoffset() or timedelta()
-            naive = value.replace(tzinfo=None).isoformat()
-            return naive + _format_offset(int(offset.total_seconds()))
-        return value.isoformat()
+        micros = ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000
+        text = _format_time(micros + value.microsecond)
+        offset = value.utcoffset()
+        return text if offset is None else text + _format_offset(int(offset.total_seconds()))
     if isinstance(value, date):
-        return value.isoformat()
+        return str(PgDate(value.toordinal() - _PG_EPOCH_ORDINAL))
+    if isinstance(value, (ipaddress.IPv4Interface, ipaddress.IPv6Interface)):
+        full = value.network.prefixlen == value.max_prefixlen
+        return str(value.ip) if full else str(value)  # as inet_out prints it
     if value is None:
         return "NULL"
     return str(value)
@@ -1288,6 +1295,7 @@ __all__ = [
     "PgTimestamp",
     "ResolvedType",
     "TypeRegistry",
+    "decode_value",
     "pg_text",
     "registry_for",
     "row_to_python",

@@ -1,0 +1,442 @@
+"""PostgreSQL values to Arrow: the type mapping and fast conversion of many rows at once.
+
+The schema depends only on the column types and the options, never on the data, so every
+batch of a table has the same schema (what a Delta table needs). Two columns are added to
+every batch, after the table's own:
+
+* ``_pgcdc_unchanged_toast`` (``list<string>``): the names of the columns whose value the server
+  did not send because it was an unchanged TOASTed value. Their typed columns hold null; a
+  mirror must keep the previous value. An empty list when there are none.
+* ``_pgcdc_text`` (``map<string, string>``): for columns whose value the typed column cannot
+  hold exactly (numeric NaN/Infinity in a decimal column, +/-infinity dates and timestamps,
+  ``24:00:00``, intervals beyond month_day_nano, multi-dimensional arrays or arrays with lower
+  bounds other than 1), the value's PostgreSQL text form. The typed column then holds null. So
+  ``coalesce(_pgcdc_text[col], col)`` never loses a value. Null when there are none.
+
+Options in the spirit of Debezium's ``decimal.handling.mode``: ``decimal`` is ``precise``
+(default: decimal128/decimal256 when the typmod fixes precision and scale, else the exact
+string), ``double`` (float64, lossy by choice) or ``string``; ``temporal`` is ``precise``
+(default: Arrow date/time types) or ``string`` (PostgreSQL's ISO text, UTC for timestamptz).
+See docs/types.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any, Literal
+
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from pgcdc.decoding.values import (
+    BoundedList,
+    Codec,
+    Interval,
+    PgDate,
+    PgTime,
+    PgTimestamp,
+    ResolvedType,
+    TypeRegistry,
+    Types,
+    decode_value,
+    pg_text,
+    registry_for,
+)
+from pgcdc.errors import DecodeError
+from pgcdc.events import UNCHANGED_TOAST, Column, RawValue, Table
+
+DecimalMode = Literal["precise", "double", "string"]
+TemporalMode = Literal["precise", "string"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowOptions:
+    """How values without an exact, convenient Arrow type are written (see docs/types.md)."""
+
+    decimal: DecimalMode = "precise"
+    temporal: TemporalMode = "precise"
+    unchanged_column: str = "_pgcdc_unchanged_toast"
+    text_column: str = "_pgcdc_text"
+
+    def __post_init__(self) -> None:
+        if self.decimal not in ("precise", "double", "string"):
+            raise ValueError(f"decimal={self.decimal!r}: use 'precise', 'double' or 'string'")
+        if self.temporal not in ("precise", "string"):
+            raise ValueError(f"temporal={self.temporal!r}: use 'precise' or 'string'")
+
+
+DEFAULT_OPTIONS = ArrowOptions()
+UNCHANGED_TYPE = pa.list_(pa.string())
+TEXT_TYPE = pa.map_(pa.string(), pa.string())
+
+
+class _Unrepresentable(Exception):
+    """Raised by a converter for a value its Arrow type cannot hold exactly."""
+
+
+# --- the type mapping --------------------------------------------------------------------------
+
+_SIMPLE: dict[str, pa.DataType] = {
+    "bool": pa.bool_(),
+    "int2": pa.int16(),
+    "int4": pa.int32(),
+    "int8": pa.int64(),
+    "oid": pa.int64(),
+    "xid": pa.int64(),
+    "cid": pa.int64(),
+    "xid8": pa.decimal128(20, 0),
+    "float4": pa.float32(),
+    "float8": pa.float64(),
+    "bytea": pa.binary(),
+}
+_DECIMAL_TYPES = ("numeric", "money")
+_TEMPORAL: dict[str, pa.DataType] = {
+    "date": pa.date32(),
+    "time": pa.time64("us"),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "interval": pa.month_day_nano_interval(),
+}
+
+
+def numeric_precision_scale(type_modifier: int) -> tuple[int, int] | None:
+    """numeric's (precision, scale) from its typmod; None when unconstrained.
+
+    PostgreSQL 15+ allows a negative scale and a scale above the precision (11-bit signed).
+    """
+    if type_modifier < 4:
+        return None
+    packed = type_modifier - 4
+    scale = ((packed & 0x7FF) ^ 1024) - 1024
+    return (packed >> 16) & 0xFFFF, scale
+
+
+def _decimal_type(type_modifier: int) -> pa.DataType | None:
+    """The decimal type holding every value of numeric(p, s), or None when none does."""
+    found = numeric_precision_scale(type_modifier)
+    if found is None:
+        return None
+    precision, scale = found
+    if scale < 0:  # numeric(3, -2) holds 99900: integers of p - s digits
+        precision, scale = precision - scale, 0
+    elif scale > precision:  # numeric(2, 5) holds 0.00099: s digits, all after the point
+        precision = scale
+    if precision <= 38:
+        return pa.decimal128(precision, scale)
+    if precision <= 76:
+        return pa.decimal256(precision, scale)
+    return None
+
+
+def _arrow_type(
+    resolved: ResolvedType, type_modifier: int, registry: TypeRegistry, options: ArrowOptions
+) -> pa.DataType:
+    name = resolved.name
+    if name in ("array", "vector") and resolved.element is not None:
+        return pa.list_(_arrow_type(resolved.element, type_modifier, registry, options))
+    if name in _SIMPLE:
+        return _SIMPLE[name]
+    if name in _DECIMAL_TYPES:
+        if options.decimal == "double":
+            return pa.float64()
+        if options.decimal == "string":
+            return pa.string()
+        if name == "money":
+            return pa.decimal128(19, registry.money_fraction_digits)
+        return _decimal_type(type_modifier) or pa.string()
+    if name in _TEMPORAL and options.temporal == "precise":
+        return _TEMPORAL[name]
+    return pa.string()
+
+
+def arrow_type(
+    type_oid: int,
+    type_modifier: int = -1,
+    types: Types = None,
+    options: ArrowOptions = DEFAULT_OPTIONS,
+) -> pa.DataType:
+    """The Arrow type of a PostgreSQL type (domains as their base, arrays as lists)."""
+    registry = registry_for(types)
+    return _arrow_type(registry.resolve(type_oid), type_modifier, registry, options)
+
+
+def _field(column: Column, registry: TypeRegistry, options: ArrowOptions) -> pa.Field:
+    resolved = registry.resolve(column.type_oid)
+    metadata = {
+        "pgcdc.type_oid": str(column.type_oid),
+        "pgcdc.type_modifier": str(column.type_modifier),
+        "pgcdc.type": resolved.display_name or resolved.name,
+    }
+    data_type = _arrow_type(resolved, column.type_modifier, registry, options)
+    return pa.field(column.name, data_type, nullable=True, metadata=metadata)
+
+
+def arrow_schema(
+    table: Table, types: Types = None, options: ArrowOptions = DEFAULT_OPTIONS
+) -> pa.Schema:
+    """The table's columns in order, then the unchanged-TOAST and text-form columns."""
+    registry = registry_for(types)
+    names = {c.name for c in table.columns}
+    for extra in (options.unchanged_column, options.text_column):
+        if extra in names:
+            raise DecodeError(
+                f"{table.qualified_name} has a column named {extra!r}, which pgcdc adds to every "
+                f"batch; choose another name with ArrowOptions(unchanged_column=..., "
+                f"text_column=...)"
+            )
+    fields = [_field(c, registry, options) for c in table.columns]
+    fields.append(pa.field(options.unchanged_column, UNCHANGED_TYPE, nullable=False))
+    fields.append(pa.field(options.text_column, TEXT_TYPE, nullable=True))
+    return pa.schema(fields, metadata={"pgcdc.table": table.qualified_name})
+
+
+# --- value converters: Python value -> what pa.array takes for the column's type ---------------
+
+_EPOCH_1970 = datetime(1970, 1, 1)
+_EPOCH_1970_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_PG_TO_UNIX_US = 946_684_800_000_000
+_PG_TO_UNIX_DAYS = 10_957
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+Converter = Callable[[Any], Any]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _decimal_precise(value: Decimal) -> Decimal:
+    if not value.is_finite():
+        raise _Unrepresentable
+    return value
+
+
+def _decimal_string(value: Decimal) -> str:
+    return format(value, "f")
+
+
+def _decimal_double(value: Decimal) -> float:
+    return float(value)
+
+
+def _date_precise(value: date | PgDate) -> Any:
+    if isinstance(value, PgDate):
+        if value.is_infinite:
+            raise _Unrepresentable
+        return value.days + _PG_TO_UNIX_DAYS
+    return value
+
+
+def _time_precise(value: time | PgTime) -> Any:
+    if isinstance(value, PgTime):  # 24:00:00: time64 stops just before it
+        raise _Unrepresentable
+    return value
+
+
+def _timestamp_precise(value: datetime | PgTimestamp) -> int:
+    if isinstance(value, PgTimestamp):
+        if value.is_infinite:
+            raise _Unrepresentable
+        micros = value.micros + _PG_TO_UNIX_US
+        if not _INT64_MIN <= micros <= _INT64_MAX:
+            raise _Unrepresentable
+        return micros
+    if value.tzinfo is None:
+        return (value - _EPOCH_1970) // _US
+    return (value - _EPOCH_1970_UTC) // _US
+
+
+def _interval_precise(value: Interval) -> tuple[int, int, int]:
+    nanos = value.microseconds * 1000
+    if value.is_infinite or not _INT64_MIN <= nanos <= _INT64_MAX:
+        raise _Unrepresentable
+    return (value.months, value.days, nanos)
+
+
+def _text_form(value: Any) -> str:
+    return pg_text(value)
+
+
+def _uuid_string(value: Any) -> str:
+    return str(value)
+
+
+def _str_or_raise(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise DecodeError(
+        "a value of a type pgcdc has no binary decoder for arrived in binary format and cannot "
+        "be written as Arrow text; decode this stream in text format (pgoutput binary=false)"
+    )
+
+
+def _scalar_converter(resolved: ResolvedType, options: ArrowOptions) -> Converter:
+    name = resolved.name
+    if name in _DECIMAL_TYPES:
+        return {"precise": _decimal_precise, "double": _decimal_double, "string": _decimal_string}[
+            options.decimal
+        ]
+    if name in _TEMPORAL:
+        if options.temporal == "string":
+            return _text_form
+        precise: dict[str, Converter] = {
+            "date": _date_precise,
+            "time": _time_precise,
+            "timestamp": _timestamp_precise,
+            "timestamptz": _timestamp_precise,
+            "interval": _interval_precise,
+        }
+        return precise[name]
+    if name == "xid8":
+        return Decimal
+    if name in _SIMPLE or name in ("text", "varchar", "bpchar", "name", "char", "json", "jsonb"):
+        return _identity
+    if name in ("xml", "enum", "macaddr", "macaddr8", "bit", "varbit"):
+        return _identity
+    if name in ("timetz", "pg_lsn", "cidr", "inet"):
+        return _text_form
+    if name == "uuid":
+        return _uuid_string
+    return _str_or_raise  # composite, range, unknown: the text form
+
+
+def _array_converter(element: Converter) -> Converter:
+    def convert(value: list[Any]) -> list[Any]:
+        if isinstance(value, BoundedList):
+            raise _Unrepresentable
+        out: list[Any] = []
+        for item in value:
+            if item is None:
+                out.append(None)
+            elif isinstance(item, list):  # a second dimension: the list type has one
+                raise _Unrepresentable
+            else:
+                out.append(element(item))
+        return out
+
+    return convert
+
+
+def _converter(resolved: ResolvedType, options: ArrowOptions) -> Converter:
+    if resolved.name in ("array", "vector") and resolved.element is not None:
+        return _array_converter(_converter(resolved.element, options))
+    return _scalar_converter(resolved, options)
+
+
+# --- rows to a record batch --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    schema: pa.Schema
+    columns: tuple[tuple[Codec, Converter], ...]
+
+
+_plans: dict[tuple[int, int, ArrowOptions], tuple[Table, TypeRegistry, _Plan]] = {}
+
+
+def _plan(table: Table, registry: TypeRegistry, options: ArrowOptions) -> _Plan:
+    key = (id(table), id(registry), options)
+    entry = _plans.get(key)
+    if entry is not None and entry[0] is table and entry[1] is registry:
+        return entry[2]
+    schema = arrow_schema(table, registry, options)
+    columns = []
+    for column in table.columns:
+        codec = registry.codec(column.type_oid)
+        convert = _converter(registry.resolve(column.type_oid), options)
+        columns.append((codec, convert))
+    plan = _Plan(schema, tuple(columns))
+    if len(_plans) >= 4096:
+        _plans.clear()
+    # The entry holds the table and registry, so their ids cannot be reused while cached.
+    _plans[key] = (table, registry, plan)
+    return plan
+
+
+def rows_to_arrow(
+    table: Table,
+    rows: Iterable[Sequence[RawValue]],
+    options: ArrowOptions = DEFAULT_OPTIONS,
+    types: Types = None,
+) -> pa.RecordBatch:
+    """Many raw rows of ``table`` to one record batch with ``arrow_schema(table)``."""
+    registry = registry_for(types)
+    plan = _plan(table, registry, options)
+    rows = rows if isinstance(rows, list) else list(rows)
+    width = len(table.columns)
+    for row in rows:
+        if len(row) != width:
+            raise DecodeError(
+                f"row of {table.qualified_name} has {len(row)} values but the table has "
+                f"{width} columns; the Relation message and the row disagree"
+            )
+    unchanged: list[list[str]] = [[] for _ in rows]
+    texts: list[list[tuple[str, str]] | None] = [None] * len(rows)
+    arrays: list[pa.Array] = []
+    for index, (column, (codec, convert)) in enumerate(
+        zip(table.columns, plan.columns, strict=True)
+    ):
+        text, binary = codec.text, codec.binary
+        values: list[Any] = []
+        append = values.append
+        for number, row in enumerate(rows):
+            raw = row[index]
+            if raw is None:
+                append(None)
+                continue
+            if raw is UNCHANGED_TOAST:
+                unchanged[number].append(column.name)
+                append(None)
+                continue
+            try:
+                value = text(raw) if isinstance(raw, str) else binary(raw)
+                append(convert(value))
+            except _Unrepresentable:
+                append(None)
+                found = texts[number]
+                if found is None:
+                    found = texts[number] = []
+                found.append((column.name, raw if isinstance(raw, str) else pg_text(value)))
+            except DecodeError:
+                raise
+            except Exception:
+                decode_value(codec, raw, column, table)  # raises, naming type, value, column
+                raise
+        field = plan.schema.field(index)
+        try:
+            arrays.append(pa.array(values, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise DecodeError(
+                f"column {column.name!r} of {table.qualified_name} does not fit Arrow type "
+                f"{field.type}: {exc}"
+            ) from exc
+    arrays.append(pa.array(unchanged, type=UNCHANGED_TYPE))
+    arrays.append(pa.array(texts, type=TEXT_TYPE))
+    return pa.RecordBatch.from_arrays(arrays, schema=plan.schema)
+
+
+def rows_to_table(
+    table: Table,
+    rows: Iterable[Sequence[RawValue]],
+    options: ArrowOptions = DEFAULT_OPTIONS,
+    types: Types = None,
+) -> pa.Table:
+    """Like ``rows_to_arrow``, as a ``pa.Table``."""
+    return pa.Table.from_batches([rows_to_arrow(table, rows, options, types)])
+
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "TEXT_TYPE",
+    "UNCHANGED_TYPE",
+    "ArrowOptions",
+    "arrow_schema",
+    "arrow_type",
+    "numeric_precision_scale",
+    "rows_to_arrow",
+    "rows_to_table",
+]
