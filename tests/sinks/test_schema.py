@@ -179,3 +179,33 @@ def test_unsupported_type_is_a_typed_error() -> None:
 )
 def test_widening_rules(src: pa.DataType, dst: pa.DataType, ok: bool) -> None:
     assert fits(src, dst) is ok
+
+
+def test_spec_from_relation_uses_replica_identity_or_primary_key() -> None:
+    from pgcdc.errors import InvalidChangeBatch
+    from pgcdc.events import Column, Relation, ReplicaIdentity, Table
+    from pgcdc.lsn import LSN
+    from pgcdc.sinks import TableSpec
+
+    schema = pa.schema([("id", pa.int32()), ("v", pa.string())])
+    keyed = Table("s", "t", (Column("id", 23, is_key=True), Column("v", 25)))
+    spec = TableSpec.from_relation(Relation(LSN(0x10), keyed), schema)
+    assert (spec.key_columns, spec.relation_lsn, spec.has_usable_key) == (("id",), 0x10, True)
+    full = Table(
+        "s",
+        "t",
+        (Column("id", 23, is_key=True), Column("v", 25, is_key=True)),
+        replica_identity=ReplicaIdentity.FULL,
+    )
+    assert TableSpec.from_relation(Relation(LSN(1), full), schema).key_columns == ("id", "v")
+    by_pk = TableSpec.from_relation(Relation(LSN(1), full), schema, primary_key=["id"])
+    assert by_pk.key_columns == ("id",)
+    assert by_pk.old_is_full_row
+    nothing = Table(
+        "s", "t", (Column("id", 23), Column("v", 25)), replica_identity=ReplicaIdentity.NOTHING
+    )
+    assert not TableSpec.from_relation(Relation(LSN(1), nothing), schema).has_usable_key
+    with pytest.raises(InvalidChangeBatch, match="do not match"):
+        TableSpec.from_relation(Relation(LSN(1), keyed), pa.schema([("id", pa.int32())]))
+    with pytest.raises(InvalidChangeBatch, match="clash"):
+        TableSpec("s", "t", pa.schema([("_op", pa.string())]), (), LSN(1))
