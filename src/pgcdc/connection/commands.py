@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeAlias, TypeVar
 
-from pgcdc.errors import InvalidArgument, ProtocolError, SlotNotFound, UnsupportedFeature
+from pgcdc.errors import (
+    InvalidArgument,
+    PgcdcError,
+    ProtocolError,
+    ServerError,
+    SlotNotFound,
+    UnsupportedFeature,
+)
 from pgcdc.lsn import LSN
 
 T = TypeVar("T")
@@ -22,6 +29,8 @@ T = TypeVar("T")
 SnapshotAction: TypeAlias = Literal["export", "use", "nothing"]
 OptionValue: TypeAlias = str | int | bool | None
 Options: TypeAlias = Mapping[str, OptionValue] | Iterable[tuple[str, OptionValue]]
+# (sqlstate, message, detail) of a server ErrorResponse -> the error to raise.
+ErrorMapper: TypeAlias = Callable[[str | None, str, str | None], PgcdcError]
 
 # The first server version of each feature (PostgreSQL numbers versions as major * 10000).
 NEW_OPTION_SYNTAX = 15  # CREATE_REPLICATION_SLOT ... (SNAPSHOT 'x', TWO_PHASE true)
@@ -54,10 +63,15 @@ class ResultSet:
 
 @dataclass(frozen=True, slots=True)
 class Command(Generic[T]):
-    """A replication command: the text to send and how to read its result."""
+    """A replication command: the text to send and how to read its result.
+
+    ``translate_error`` overrides pgcdc.connection.server_errors.translate where that general
+    mapping would mislead for this command.
+    """
 
     text: str
     parse: Callable[[ResultSet], T]
+    translate_error: ErrorMapper | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +142,8 @@ def _option_text(value: OptionValue) -> str | None:
 
 
 def major_version(server_version: int) -> int:
-    """10.0 onwards numbers versions as major * 10000 + minor (libpq's PQserverVersion)."""
-    return server_version // 10000 if server_version >= 100000 else server_version // 100
+    """The major version of libpq's PQserverVersion (150004 -> 15; 90624, i.e. 9.6, -> 9)."""
+    return server_version // 10000
 
 
 def _require(server_version: int, needed: int, feature: str) -> None:
@@ -223,7 +237,16 @@ def timeline_history(timeline: int) -> Command[TimelineHistory]:
         # The server sends the file's bytes as they are, not bytea-escaped.
         return TimelineHistory(_required(result, "TIMELINE_HISTORY", 0), bytes(content))
 
-    return Command(f"TIMELINE_HISTORY {timeline}", parse)
+    def translate_error(sqlstate: str | None, message: str, detail: str | None) -> PgcdcError:
+        # A missing history file is 58P01 like a missing plugin library; say which it is.
+        return ServerError(
+            f"{message}; timeline {timeline} has no history file on this server (timeline 1 "
+            "never has one; see IDENTIFY_SYSTEM for the current timeline)",
+            sqlstate=sqlstate,
+            detail=detail,
+        )
+
+    return Command(f"TIMELINE_HISTORY {timeline}", parse, translate_error)
 
 
 def create_replication_slot(

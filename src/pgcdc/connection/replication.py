@@ -25,6 +25,7 @@ from pgcdc.connection import commands
 from pgcdc.connection.commands import (
     Command,
     CreatedSlot,
+    ErrorMapper,
     Options,
     ResultSet,
     SlotPosition,
@@ -168,16 +169,20 @@ class _Session:
                 return results
         return results
 
-    def raise_for(self, results: list[pq.abc.PGresult]) -> None:
+    def raise_for(
+        self, results: list[pq.abc.PGresult], translate_error: ErrorMapper | None = None
+    ) -> None:
         for result in results:
             if result.status in _ERROR_STATES:
-                raise translate(*_result_error(result, self.encoding))
+                raise (translate_error or translate)(*_result_error(result, self.encoding))
 
-    def execute_gen(self, text: str) -> PQGen[ResultSet]:
+    def execute_gen(
+        self, text: str, translate_error: ErrorMapper | None = None
+    ) -> PQGen[ResultSet]:
         """Run one command (or SQL statement); its last result's rows."""
         yield from self.send_gen(text)
         results = yield from self.results_gen()
-        self.raise_for(results)
+        self.raise_for(results, translate_error)
         if not results:
             raise self.lost()
         last = results[-1]
@@ -490,7 +495,8 @@ class ReplicationConnection(_ConnectionBase):
         return cls(connection)
 
     def run(self, command: Command[T]) -> T:
-        return command.parse(self._waiter.run(self._session.execute_gen(command.text)))
+        gen = self._session.execute_gen(command.text, command.translate_error)
+        return command.parse(self._waiter.run(gen))
 
     def execute(self, sql: str) -> ResultSet:
         """Plain SQL (simple query protocol), e.g. BEGIN before CREATE ... SNAPSHOT 'use'."""
@@ -590,7 +596,8 @@ class AsyncReplicationConnection(_ConnectionBase):
         return cls(connection)
 
     async def run(self, command: Command[T]) -> T:
-        return command.parse(await run_async(self._session.execute_gen(command.text), self._fileno))
+        gen = self._session.execute_gen(command.text, command.translate_error)
+        return command.parse(await run_async(gen, self._fileno))
 
     async def execute(self, sql: str) -> ResultSet:
         return await run_async(self._session.execute_gen(sql), self._fileno)
