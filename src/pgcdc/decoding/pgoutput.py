@@ -160,6 +160,13 @@ def _read_tuple(buf: bytes, pos: int, u16: Any = _U16, u32: Any = _U32) -> tuple
     return tuple(values), pos
 
 
+def _width_error(row: Row, table: Table) -> DecodeError:
+    return DecodeError(
+        f"the row has {len(row)} columns but the Relation message for "
+        f"{table.qualified_name} (OID {table.oid}) has {len(table.columns)}"
+    )
+
+
 class PgOutputDecoder:
     """Decodes pgoutput messages of protocol ``proto_version`` (1-4): the version the stream
     was started with, since streaming and two-phase messages only exist from 2 and 3 on.
@@ -311,10 +318,7 @@ class PgOutputDecoder:
     def _row(self, buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
         row, pos = _read_tuple(buf, pos)
         if len(row) != len(table.columns):
-            raise DecodeError(
-                f"the row has {len(row)} columns but the Relation message for "
-                f"{table.qualified_name} (OID {table.oid}) has {len(table.columns)}"
-            )
+            raise _width_error(row, table)
         return row, pos
 
     # --- transaction boundaries --------------------------------------------------------------
@@ -385,14 +389,22 @@ class PgOutputDecoder:
     # --- changes -----------------------------------------------------------------------------
 
     def _insert(self, buf: bytes, lsn: LSN) -> Event:
-        xid, pos = self._stream_xid(buf)
+        # The most frequent message: _stream_xid and _row are inlined here.
+        xid = self._state.stream_xid
+        if xid is None:
+            pos = 1
+        else:
+            (xid,) = _U32(buf, 1)
+            pos = 5
         (oid,) = _U32(buf, pos)
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
-        row, pos = self._row(buf, pos + 5, table)
+        row, pos = _read_tuple(buf, pos + 5)
         if pos != len(buf):
             self._check_end(buf, pos)
+        if len(row) != len(table.columns):
+            raise _width_error(row, table)
         return Insert(lsn, table, row, xid)
 
     def _update(self, buf: bytes, lsn: LSN) -> Event:
