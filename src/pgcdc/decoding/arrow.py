@@ -273,12 +273,16 @@ def _str_or_raise(value: Any) -> str:
     )
 
 
-def _scalar_converter(resolved: ResolvedType, options: ArrowOptions) -> Converter:
+def _scalar_converter(
+    resolved: ResolvedType, data_type: pa.DataType, options: ArrowOptions
+) -> Converter:
     name = resolved.name
     if name in _DECIMAL_TYPES:
-        return {"precise": _decimal_precise, "double": _decimal_double, "string": _decimal_string}[
-            options.decimal
-        ]
+        if pa.types.is_string(data_type):
+            return _decimal_string
+        if pa.types.is_floating(data_type):
+            return _decimal_double
+        return _decimal_precise
     if name in _TEMPORAL:
         if options.temporal == "string":
             return _text_form
@@ -320,10 +324,11 @@ def _array_converter(element: Converter) -> Converter:
     return convert
 
 
-def _converter(resolved: ResolvedType, options: ArrowOptions) -> Converter:
+def _converter(resolved: ResolvedType, data_type: pa.DataType, options: ArrowOptions) -> Converter:
+    """Python value -> what ``pa.array`` takes for ``data_type`` (the column's Arrow type)."""
     if resolved.name in ("array", "vector") and resolved.element is not None:
-        return _array_converter(_converter(resolved.element, options))
-    return _scalar_converter(resolved, options)
+        return _array_converter(_converter(resolved.element, data_type.value_type, options))
+    return _scalar_converter(resolved, data_type, options)
 
 
 # --- rows to a record batch --------------------------------------------------------------------
@@ -345,9 +350,9 @@ def _plan(table: Table, registry: TypeRegistry, options: ArrowOptions) -> _Plan:
         return entry[2]
     schema = arrow_schema(table, registry, options)
     columns = []
-    for column in table.columns:
+    for column, field in zip(table.columns, schema, strict=False):
         codec = registry.codec(column.type_oid)
-        convert = _converter(registry.resolve(column.type_oid), options)
+        convert = _converter(registry.resolve(column.type_oid), field.type, options)
         columns.append((codec, convert))
     plan = _Plan(schema, tuple(columns))
     if len(_plans) >= 4096:
@@ -400,7 +405,8 @@ def rows_to_arrow(
                 found = texts[number]
                 if found is None:
                     found = texts[number] = []
-                found.append((column.name, raw if isinstance(raw, str) else pg_text(value)))
+                # From the decoded value, so text and binary input give the same text (UTC).
+                found.append((column.name, pg_text(value)))
             except DecodeError:
                 raise
             except Exception:
