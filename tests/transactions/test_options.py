@@ -16,7 +16,7 @@ from pgcdc.transactions import (
     TransactionAssembler,
     TransactionBatcher,
 )
-from pgcdc.transactions.filters import TablePattern, parse_table_patterns
+from pgcdc.transactions.filters import TableFilter, TablePatterns, parse_table_patterns
 
 from .builders import EPOCH, at, begin, commit, ins, message, rel, row_ids, run, table
 
@@ -26,14 +26,20 @@ T3_OTHER = table("t3", schema="other")
 APP_X = table("x", schema="app")
 
 
-def test_parse_table_patterns() -> None:
-    assert parse_table_patterns("public.t1,public.t2,*.t3,my_schema.*") == (
-        TablePattern("public", "t1"),
-        TablePattern("public", "t2"),
-        TablePattern(None, "t3"),
-        TablePattern("my_schema", None),
+def test_table_filter_uses_the_opengauss_grammar() -> None:
+    patterns = parse_table_patterns("public.t1,public.t2,*.t3,my_schema.*")
+    assert patterns == TablePatterns(
+        (("public", "t1"), ("public", "t2"), (None, "t3"), ("my_schema", None))
     )
-    assert str(TablePattern(None, "t3")) == "*.t3"
+    table_filter = TableFilter(patterns)
+    assert [table_filter.matches(t) for t in (T1, T2, T3_OTHER, APP_X)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert table_filter.matches(table("anything", schema="my_schema"))
+    assert not table_filter.matches(table("T1"))  # names compare exactly
 
 
 @pytest.mark.parametrize(

@@ -1,84 +1,36 @@
-"""openGauss's white-table-list: which tables' changes a consumer wants.
+"""openGauss's white-table-list applied to decoded events: which tables' changes to keep.
 
-The grammar is openGauss's: ``schema.table`` entries separated by commas, no whitespace
-anywhere, and ``*`` standing for any schema or any table name (``public.t1,*.t3,app.*``).
-``*`` matches a whole name only: openGauss has no partial wildcards, and accepting ``t*`` with a
-meaning openGauss does not give it would silently select other tables.
+The grammar and its parser live with the openGauss decoder
+(``pgcdc.decoding.mppdb.parse_table_patterns``): ``schema.table`` entries joined by ',', no
+whitespace, ``*`` for any whole schema or table name. Here it is applied client-side to every
+plugin's events, with the answer remembered per table name (the same tables recur on every
+change).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pgcdc.errors import InvalidTablePattern
+from pgcdc.decoding.mppdb import TablePatterns, parse_table_patterns
 from pgcdc.events import Table
 
-ANY = "*"
-
-
-@dataclass(frozen=True, slots=True)
-class TablePattern:
-    """One white-table-list entry; ``None`` stands for ``*`` (any name)."""
-
-    schema: str | None
-    table: str | None
-
-    def matches(self, namespace: str, name: str) -> bool:
-        return (self.schema is None or self.schema == namespace) and (
-            self.table is None or self.table == name
-        )
-
-    def __str__(self) -> str:
-        return f"{self.schema or ANY}.{self.table or ANY}"
-
-
-def parse_table_patterns(text: str) -> tuple[TablePattern, ...]:
-    """Parse a white-table-list; raise InvalidTablePattern naming the bad entry."""
-    if not text:
-        raise InvalidTablePattern(
-            "white-table-list is empty; list tables as schema.table separated by commas "
-            "(e.g. 'public.t1,*.t3,app.*'), or leave the option out to keep every table"
-        )
-    if any(ch.isspace() for ch in text):
-        raise InvalidTablePattern(
-            f"white-table-list {text!r} contains whitespace, which the openGauss grammar does "
-            "not allow; write entries as schema.table joined by ',' with no spaces"
-        )
-    return tuple(_parse_entry(entry, text) for entry in text.split(","))
-
-
-def _parse_entry(entry: str, text: str) -> TablePattern:
-    parts = entry.split(".")
-    if len(parts) != 2 or not parts[0] or not parts[1]:
-        raise InvalidTablePattern(
-            f"white-table-list entry {entry!r} (in {text!r}) is not schema.table; write "
-            "exactly one '.' between a schema and a table name, using '*' for any name"
-        )
-    for part in parts:
-        if ANY in part and part != ANY:
-            raise InvalidTablePattern(
-                f"white-table-list entry {entry!r} uses '*' inside a name; '*' may only stand "
-                "for a whole schema or table name (e.g. 'app.*' or '*.orders')"
-            )
-    schema, table = parts
-    return TablePattern(None if schema == ANY else schema, None if table == ANY else table)
+__all__ = ["TableFilter", "TablePatterns", "parse_table_patterns"]
 
 
 class TableFilter:
-    """Matches tables against a white-table-list, remembering the answer per table name."""
+    """Matches tables against a parsed white-table-list."""
 
-    def __init__(self, patterns: tuple[TablePattern, ...]) -> None:
+    def __init__(self, patterns: TablePatterns) -> None:
         self.patterns = patterns
         self._known: dict[tuple[str, str], bool] = {}
 
     @classmethod
     def parse(cls, text: str) -> TableFilter:
+        """Raises InvalidTablePattern naming the bad entry."""
         return cls(parse_table_patterns(text))
 
     def matches(self, table: Table) -> bool:
         key = (table.namespace, table.name)
         known = self._known.get(key)
         if known is None:
-            known = any(p.matches(table.namespace, table.name) for p in self.patterns)
+            known = self.patterns.matches(table.namespace, table.name)
             self._known[key] = known
         return known
