@@ -404,3 +404,9 @@ def test_binary_timestamps_near_arrow_limits() -> None:
     # Beyond int64 microseconds since 1970: kept as text.
     assert batch.column(0)[0].as_py() is None
     assert dict(batch.column(2)[0].as_py()) == {"ts": "294276-12-31 23:59:59.999999+00"}
+
+
+def test_bytes_like_input_is_accepted() -> None:
+    table = Table("s", "t", (Column("id", 23), Column("name", 25)))
+    batch = rows_to_arrow(table, [(memoryview(b"\x00\x00\x00\x03"), bytearray(b"x"))])  # type: ignore[list-item]
+    assert batch.to_pylist()[0]["id"] == 3 and batch.to_pylist()[0]["name"] == "x"

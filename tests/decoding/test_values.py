@@ -411,3 +411,9 @@ def test_pg_text_gives_the_server_text_back(oid: int, text: str) -> None:
 def test_interval_as_timedelta_matches_psycopg_convention() -> None:
     assert Interval(14, 3, 1).as_timedelta() == timedelta(days=365 + 60 + 3, microseconds=1)
     assert Interval(-14, 0, 0).as_timedelta() == timedelta(days=-(365 + 60))
+
+
+def test_bytes_like_input_is_accepted() -> None:
+    table = Table("public", "b", (Column("id", INT4), Column("name", TEXT)))
+    row = (memoryview(struct.pack(">i", 3)), bytearray(b"x"))
+    assert row_to_python(table, row) == (3, "x")  # type: ignore[arg-type]

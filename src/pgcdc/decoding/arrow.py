@@ -399,6 +399,11 @@ def rows_to_arrow(
                 continue
             try:
                 value = text(raw) if isinstance(raw, str) else binary(raw)
+            except Exception:
+                # Again through decode_value: it names type, value and column in a DecodeError
+                # (or succeeds, for bytearray/memoryview input).
+                value = decode_value(codec, raw, column, table)
+            try:
                 append(convert(value))
             except _Unrepresentable:
                 append(None)
@@ -407,11 +412,6 @@ def rows_to_arrow(
                     found = texts[number] = []
                 # From the decoded value, so text and binary input give the same text (UTC).
                 found.append((column.name, pg_text(value)))
-            except DecodeError:
-                raise
-            except Exception:
-                decode_value(codec, raw, column, table)  # raises, naming type, value, column
-                raise
         field = plan.schema.field(index)
         try:
             arrays.append(pa.array(values, type=field.type))

@@ -1158,11 +1158,13 @@ class TypeRegistry:
                 ]
             )
         except Exception:
-            # Find the failing column again, slowly, to name it.
-            for column, codec, raw in zip(table.columns, codecs, row, strict=True):
-                if raw is not None and raw is not UNCHANGED_TOAST:
-                    decode_value(codec, raw, column, table)
-            raise
+            # Again, slowly: names the failing column, and accepts bytearray/memoryview.
+            return tuple(
+                raw
+                if raw is None or raw is UNCHANGED_TOAST
+                else decode_value(codec, raw, column, table)
+                for column, codec, raw in zip(table.columns, codecs, row, strict=True)
+            )
 
 
 def decode_value(
