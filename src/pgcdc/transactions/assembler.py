@@ -606,7 +606,7 @@ class TransactionAssembler:
                 entry[1] += size
         txn.size += size
         if txn.spill is not None:
-            txn.spill.append(event)
+            txn.spill.append(event, size)
             return
         txn.events.append(event)
         txn.sizes.append(size)
@@ -620,8 +620,8 @@ class TransactionAssembler:
     def _spill(self, txn: _Txn) -> None:
         assert self._spill_dir is not None and txn.spill is None
         writer = self._spill_dir.new_file()
-        for event in txn.events:
-            writer.append(event)
+        for event, size in zip(txn.events, txn.sizes, strict=True):
+            writer.append(event, size)
         txn.spill = writer
         self._memory -= txn.memory
         txn.memory = 0

@@ -6,9 +6,10 @@ holds an exclusive ``flock`` on. A crashed process releases its lock, so the nex
 start removes the directories whose lock it can take: a crash leaves files only in that root,
 and they are cleaned at the next start.
 
-Format: length-prefixed pickled tuples, one per event. A ``Table`` is written once per file and
-referred to by index afterwards (a table's definition is usually larger than a row). The files
-are private (mode 0700 directory) and only ever read by the process that wrote them.
+Format: length-prefixed frames, each a pickled list of tuples, one tuple per event. A ``Table``
+is written once per file and referred to by index afterwards (a table's definition is usually
+larger than a row). The files are private (mode 0700 directory) and only ever read by the
+process that wrote them.
 
 When a spilled transaction is emitted its file is unlinked at once and read through the open
 descriptor, so nothing is left behind even if the consumer never closes it; the descriptor is
@@ -38,6 +39,8 @@ from pgcdc.lsn import LSN
 _LENGTH = struct.Struct("<I")
 _READ_CHUNK = 1 << 20
 _WRITE_BUFFER = 1 << 16
+_FRAME_RECORDS = 256
+_FRAME_BYTES = 1 << 20
 _PREFIX = "assembler-"
 # A lock file younger than this that is unlocked and empty may belong to an assembler that is
 # still starting; leave it.
@@ -152,17 +155,31 @@ class SpillWriter:
         self._file: BinaryIO = os.fdopen(fd, "w+b", buffering=_WRITE_BUFFER)
         self._table_index: dict[int, int] = {}
         self._tables: list[Table] = []  # keeps id()s in _table_index valid
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_bytes = 0
         self.count = 0
 
-    def append(self, event: Event) -> None:
-        record = self._record(event)
-        data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    def append(self, event: Event, size: int = 0) -> None:
+        """Queue an event; records are pickled in frames of up to ``_FRAME_RECORDS`` records or
+        ``_FRAME_BYTES`` estimated bytes, since one pickle call per event costs more than the
+        event's own bytes."""
+        self._pending.append(self._record(event))
+        self._pending_bytes += size
+        self.count += 1
+        if len(self._pending) >= _FRAME_RECORDS or self._pending_bytes >= _FRAME_BYTES:
+            self._write_frame()
+
+    def _write_frame(self) -> None:
+        if not self._pending:
+            return
+        data = pickle.dumps(self._pending, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending = []
+        self._pending_bytes = 0
         try:
             self._file.write(_LENGTH.pack(len(data)))
             self._file.write(data)
         except OSError as exc:
             raise _write_error(self.path.parent, exc) from exc
-        self.count += 1
 
     def _table(self, table: Table) -> int:
         index = self._table_index.get(id(table))
@@ -170,12 +187,7 @@ class SpillWriter:
             index = len(self._tables)
             self._tables.append(table)
             self._table_index[id(table)] = index
-            data = pickle.dumps((_TABLE, table), protocol=pickle.HIGHEST_PROTOCOL)
-            try:
-                self._file.write(_LENGTH.pack(len(data)))
-                self._file.write(data)
-            except OSError as exc:
-                raise _write_error(self.path.parent, exc) from exc
+            self._pending.append((_TABLE, table))
         return index
 
     def _record(self, event: Event) -> tuple[Any, ...]:
@@ -227,6 +239,7 @@ class SpillWriter:
         prefix: tuple[Event, ...] = (),
     ) -> SpilledEvents:
         """Hand the file over for reading; it is unlinked now and lives on as a descriptor."""
+        self._write_frame()
         try:
             self._file.flush()
         except OSError as exc:
@@ -311,11 +324,12 @@ class SpilledEvents:
                 end = position + _LENGTH.size + size
                 if end > len(buffer):
                     break
-                record = pickle.loads(buffer[position + _LENGTH.size : end])
+                records = pickle.loads(buffer[position + _LENGTH.size : end])
                 position = end
-                event = _event(record, tables)
-                if event is not None:
-                    yield event
+                for record in records:
+                    event = _event(record, tables)
+                    if event is not None:
+                        yield event
             buffer = buffer[position:]
             if offset >= self._length and buffer:
                 raise SpillError(f"spill file has a torn record at its end ({len(buffer)} bytes)")
