@@ -1,0 +1,358 @@
+"""The replication stream against real walsenders (PG15 and PG18): feedback, restart, errors,
+authentication, and the asyncio twin."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import pytest
+
+from pgcdc.connection.protocol import PrimaryKeepalive, XLogData
+from pgcdc.connection.replication import (
+    AsyncReplicationConnection,
+    ReplicationConnection,
+    ReplicationStream,
+)
+from pgcdc.errors import (
+    AuthenticationFailed,
+    ConnectionLost,
+    MissingReplicationPrivilege,
+    ReplicationStreamError,
+    SlotInUse,
+    SlotNotFound,
+    UnsupportedFeature,
+)
+from pgcdc.localpg import wait_until
+from pgcdc.lsn import LSN
+
+_numbers = itertools.count()
+# Bounds on waiting for the server, so a broken stream fails the test instead of hanging it.
+PATIENCE = 30.0
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{os.getpid()}_{next(_numbers)}"
+
+
+def logical_slot(db, plugin: str = "test_decoding") -> str:
+    name = unique("slot")
+    db.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+    return name
+
+
+def confirmed_flush(db, slot: str) -> LSN:
+    return LSN(
+        db.scalar(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        )
+    )
+
+
+def read_changes(stream: ReplicationStream, commits: int) -> list[tuple[LSN, str]]:
+    """test_decoding lines with their XLogData start, up to the ``commits``-th COMMIT."""
+    lines: list[tuple[LSN, str]] = []
+    deadline = time.monotonic() + PATIENCE
+    while sum(text.startswith("COMMIT") for _, text in lines) < commits:
+        assert time.monotonic() < deadline, f"only got {lines}"
+        message = stream.read(timeout=1.0)
+        if isinstance(message, XLogData):
+            lines.append((message.data_start, bytes(message.payload).decode()))
+    return lines
+
+
+@pytest.fixture
+def table(db):
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    return "t"
+
+
+def test_keepalive_reply_keeps_an_idle_stream_alive(db, table):
+    slot = logical_slot(db)
+    with ReplicationConnection.connect(db.conninfo(), options="-c wal_sender_timeout=2s") as repl:
+        assert repl.show("wal_sender_timeout") == "2s"
+        # Status updates every 60 s would be far too late: only the replies can keep it alive.
+        stream = repl.start_replication(slot, status_interval=60.0)
+        requested = 0
+        idle_until = time.monotonic() + 6.0  # three times wal_sender_timeout
+        while time.monotonic() < idle_until:
+            message = stream.read(timeout=0.5)
+            assert not isinstance(message, XLogData)
+            if isinstance(message, PrimaryKeepalive) and message.reply_requested:
+                requested += 1
+        assert requested >= 2, "the server never asked for a reply; is the timeout in effect?"
+        db.execute("INSERT INTO t VALUES (1, 'still here')")
+        lines = read_changes(stream, commits=1)
+        assert any("'still here'" in text for _, text in lines)
+        stream.stop()
+    assert "replication timeout" not in db.cluster.server_log()
+
+
+def test_confirmed_flush_follows_only_the_consumer(db, table):
+    slot = logical_slot(db)
+    start = confirmed_flush(db, slot)
+    for i in (1, 2, 3):
+        db.execute("INSERT INTO t VALUES (%s, %s)", (i, f"row {i}"))
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, status_interval=0.1)
+        lines = read_changes(stream, commits=3)
+        commits = [lsn for lsn, text in lines if text.startswith("COMMIT")]
+        assert commits == sorted(commits)
+        assert commits[0] > start
+        # Many status intervals go by with everything received but nothing confirmed.
+        for _ in range(10):
+            stream.read(timeout=0.1)
+            assert confirmed_flush(db, slot) == start
+        stream.confirm(commits[0])
+        assert stream.confirmed_lsn == commits[0]
+        wait_until(lambda: confirmed_flush(db, slot) == commits[0], timeout=PATIENCE)
+        for _ in range(10):
+            stream.read(timeout=0.1)
+            assert confirmed_flush(db, slot) == commits[0]
+        stream.confirm(start)  # going back is ignored, never reported
+        assert stream.confirmed_lsn == commits[0]
+        stream.stop()
+    assert confirmed_flush(db, slot) == commits[0]
+
+    # A new stream from the slot's position starts with the first unconfirmed transaction.
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot)
+        lines = read_changes(stream, commits=1)
+        changes = [text for _, text in lines if text.startswith("table ")]
+        assert lines[0][1].startswith("BEGIN")
+        assert len(changes) == 1
+        assert "id[integer]:2 " in changes[0]
+        stream.stop()
+
+
+def test_restart_from_an_explicit_lsn(db, table):
+    slot = logical_slot(db)
+    for i in (1, 2):
+        db.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, options={"include-xids": False})
+        first_commit = next(
+            lsn for lsn, text in read_changes(stream, commits=1) if text == "COMMIT"
+        )
+        stream.stop()
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, first_commit, {"include-xids": "0"})
+        changes = [text for _, text in read_changes(stream, commits=1) if "INSERT" in text]
+        assert changes == ["table public.t: INSERT: id[integer]:2 v[text]:'x'"]
+        stream.stop()
+
+
+def test_iteration_yields_data_and_keepalives_are_visible(db, table):
+    slot = logical_slot(db)
+    db.execute("INSERT INTO t VALUES (1, 'a')")
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        with repl.start_replication(slot) as stream:
+            payloads = []
+            for message in stream:
+                assert isinstance(message, XLogData)
+                payloads.append(bytes(message.payload))
+                if payloads[-1].startswith(b"COMMIT"):
+                    break
+            assert [p.split()[0] for p in payloads] == [b"BEGIN", b"table", b"COMMIT"]
+            # A keepalive after the data says everything up to its wal_end has been sent.
+            deadline = time.monotonic() + PATIENCE
+            while stream.server_wal_end is None or stream.server_wal_end < message.data_start:
+                assert time.monotonic() < deadline, "no keepalive after the data"
+                stream.read(timeout=1.0)
+            assert stream.last_keepalive is not None
+            assert stream.server_wal_end == stream.last_keepalive.wal_end
+            assert stream.server_wal_end >= message.data_start
+            # Idle and caught up: read() comes back empty-handed when the timeout expires.
+            assert any(stream.read(timeout=0.2) is None for _ in range(50))
+        assert stream.ended
+        assert repl.identify_system().dbname == db.name  # usable after the clean stop
+        with pytest.raises(UnsupportedFeature, match="new connection"):
+            repl.start_replication(slot).read(timeout=PATIENCE)
+        assert repl.identify_system().dbname == db.name
+
+
+def test_pgoutput_with_quoted_publication_name(db, table):
+    publication = "it's a \\pub"
+    db.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE t')
+    slot = logical_slot(db, "pgoutput")
+    db.execute("INSERT INTO t VALUES (7, 'o''brien')")
+    options = {"proto_version": "1", "publication_names": f'"{publication}"'}
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, options=options)
+        kinds: list[int] = []
+        while not kinds or kinds[-1] != ord("C"):
+            message = stream.read(timeout=PATIENCE)
+            assert message is not None
+            if isinstance(message, XLogData):
+                payload = bytes(message.payload)
+                kinds.append(payload[0])
+                if payload[0] == ord("I"):
+                    insert = payload
+        assert bytes(kinds) == b"BRIC"
+        # Insert: 'I', relation OID, 'N', column count, then ('t', length, text) per column.
+        assert insert[5:6] == b"N"
+        assert struct.unpack_from(">h", insert, 6)[0] == 2
+        assert insert[8:9] == b"t"
+        assert insert[13 : 13 + struct.unpack_from(">i", insert, 9)[0]] == b"7"
+        assert insert.endswith(b"t\x00\x00\x00\x07o'brien")
+        stream.stop()
+
+
+def test_terminated_walsender_raises_stream_error(db):
+    slot = logical_slot(db)
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, status_interval=60.0)
+        pid = db.scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        assert pid == repl.pgconn.backend_pid
+        db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(ReplicationStreamError) as terminated:
+            for _ in range(100):
+                stream.read(timeout=1.0)
+        assert terminated.value.sqlstate == "57P01"
+        assert "terminating connection" in terminated.value.server_message
+
+
+def test_dropped_socket_raises_connection_lost(db):
+    slot = logical_slot(db)
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot)
+        # Cut the TCP connection under libpq, as a failing network would.
+        with socket.socket(fileno=os.dup(repl.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(ConnectionLost, match="last confirmed LSN"):
+            for _ in range(100):
+                stream.read(timeout=1.0)
+
+
+def test_missing_and_busy_slots(db):
+    slot = logical_slot(db)
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        with pytest.raises(SlotNotFound, match="no_such_slot"):
+            repl.start_replication("no_such_slot")
+        with pytest.raises(SlotNotFound):
+            repl.drop_replication_slot("no_such_slot")
+        stream = repl.start_replication(slot)
+        with ReplicationConnection.connect(db.conninfo()) as second:
+            with pytest.raises(SlotInUse) as in_use:
+                second.start_replication(slot)
+            assert in_use.value.active_pid == repl.pgconn.backend_pid
+            assert in_use.value.slot == slot
+            assert str(repl.pgconn.backend_pid) in str(in_use.value)
+            assert second.identify_system().dbname == db.name  # still usable
+        stream.stop()
+
+
+@pytest.fixture
+def replication_role(db, table):
+    """A LOGIN REPLICATION role with SELECT on the table and nothing else."""
+    role, password = unique("replicator"), "s3cret'pw"
+    db.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 's3cret''pw'")
+    db.execute(f"GRANT SELECT ON t TO {role}")
+    yield role, password
+    db.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+        "WHERE slot_name LIKE %s AND NOT active",
+        (f"{role}%",),
+    )
+    db.execute(f"DROP OWNED BY {role}")
+    db.execute(f"DROP ROLE {role}")
+
+
+def test_scram_replication_role_streams(db, replication_role):
+    role, password = replication_role
+    stored = db.scalar("SELECT rolpassword FROM pg_authid WHERE rolname = %s", (role,))
+    assert stored.startswith("SCRAM-SHA-256$")
+    assert db.scalar("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)) is False
+    # require_auth makes libpq refuse any method but SCRAM.
+    conninfo = db.conninfo(user=role, password=password, require_auth="scram-sha-256")
+    with ReplicationConnection.connect(conninfo) as repl:
+        slot = f"{role}_slot"
+        repl.create_replication_slot(slot, "test_decoding", snapshot="nothing")
+        db.execute("INSERT INTO t VALUES (1, 'for the replicator')")
+        stream = repl.start_replication(slot)
+        lines = read_changes(stream, commits=1)
+        assert any("'for the replicator'" in text for _, text in lines)
+        stream.confirm(lines[-1][0])
+        stream.stop()
+    assert confirmed_flush(db, slot) == lines[-1][0]
+
+
+def test_wrong_password_and_missing_privilege(db, replication_role):
+    role, _ = replication_role
+    with pytest.raises(AuthenticationFailed, match="password authentication failed") as failed:
+        ReplicationConnection.connect(db.conninfo(user=role, password="wrong"))
+    assert ".pgpass" in str(failed.value)
+    plain = unique("plain")
+    db.execute(f"CREATE ROLE {plain} LOGIN PASSWORD 'pw'")
+    try:
+        with pytest.raises(MissingReplicationPrivilege, match="REPLICATION"):
+            ReplicationConnection.connect(db.conninfo(user=plain, password="pw"))
+    finally:
+        db.execute(f"DROP ROLE {plain}")
+
+
+# --- asyncio ---------------------------------------------------------------------------------
+
+
+async def _async_round_trip(db: Any) -> None:
+    repl = await AsyncReplicationConnection.connect(
+        db.conninfo(), options="-c wal_sender_timeout=2s"
+    )
+    try:
+        identity = await repl.identify_system()
+        assert identity.dbname == db.name
+        assert await repl.show("wal_sender_timeout") == "2s"
+        slot = unique("aslot")
+        created = await repl.create_replication_slot(slot, "test_decoding", snapshot="nothing")
+        assert created.consistent_point > LSN(0)
+        with pytest.raises(SlotNotFound):
+            await repl.drop_replication_slot("no_such_slot")
+        db.execute("INSERT INTO t VALUES (1, 'async')")
+        stream = await repl.start_replication(slot, status_interval=60.0)
+        texts = []
+        async for message in stream:
+            texts.append(bytes(message.payload).decode())
+            if texts[-1].startswith("COMMIT"):
+                commit = message.data_start
+                break
+        assert any("'async'" in text for text in texts)
+        stream.confirm(commit)
+        # Idle past wal_sender_timeout: the asyncio loop must answer the keepalives too.
+        requested = 0
+        idle_until = time.monotonic() + 5.0
+        while time.monotonic() < idle_until:
+            received = await stream.read(timeout=0.5)
+            if isinstance(received, PrimaryKeepalive) and received.reply_requested:
+                requested += 1
+        assert requested >= 1
+        assert stream.server_wal_end is not None
+        await stream.stop()
+        assert confirmed_flush(db, slot) == commit
+        assert (await repl.execute("SELECT 1")).text(0, 0) == "1"
+    finally:
+        await repl.close()
+
+
+def test_async_connection_and_stream(db, table):
+    asyncio.run(_async_round_trip(db))
+
+
+async def _async_terminate(db: Any) -> None:
+    slot = logical_slot(db)
+    async with await AsyncReplicationConnection.connect(db.conninfo()) as repl:
+        stream = await repl.start_replication(slot, status_interval=60.0)
+        db.execute("SELECT pg_terminate_backend(%s)", (repl.pgconn.backend_pid,))
+        with pytest.raises(ReplicationStreamError) as terminated:
+            for _ in range(100):
+                await stream.read(timeout=1.0)
+        assert terminated.value.sqlstate == "57P01"
+
+
+def test_async_terminated_walsender(db):
+    asyncio.run(_async_terminate(db))
