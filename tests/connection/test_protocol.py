@@ -42,8 +42,11 @@ def test_xlogdata_fields():
         send_time=datetime(2000, 1, 2, tzinfo=UTC),
         payload=b"BEGIN 42",
     )
+    assert isinstance(message, XLogData)
     assert type(message.data_start) is LSN
     assert type(message.wal_end) is LSN
+    assert message.send_time_us == 86_400_000_000
+    assert "payload=<8 bytes>" in repr(message)
 
 
 def test_xlogdata_from_memoryview_keeps_a_view_of_the_buffer():

@@ -37,6 +37,7 @@ _HOT_STANDBY_FEEDBACK = struct.Struct(">cqIIII")
 _ONE_MICROSECOND = timedelta(microseconds=1)
 # int.__new__ skips LSN's range check: an unsigned 64-bit field is always a valid LSN.
 _new_int = int.__new__
+_new_object = object.__new__
 
 
 def to_pg_timestamp(moment: datetime) -> int:
@@ -44,6 +45,10 @@ def to_pg_timestamp(moment: datetime) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return (moment - PG_EPOCH) // _ONE_MICROSECOND
+
+
+_MIN_TIMESTAMP = (datetime.min.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
+_MAX_TIMESTAMP = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
 
 
 def from_pg_timestamp(microseconds: int) -> datetime:
@@ -57,19 +62,56 @@ def from_pg_timestamp(microseconds: int) -> datetime:
         ) from None
 
 
-@dataclass(frozen=True, slots=True)
 class XLogData:
     """WAL data (for logical replication: one output plugin message) starting at data_start.
 
     ``wal_end`` is the end of WAL on the server when it was sent, not the end of this message.
     ``payload`` is a view into the received buffer when the input was a memoryview (no copy);
-    call ``bytes(payload)`` to keep it independent of that buffer's type.
+    call ``bytes(payload)`` to keep it independent of that buffer's type. This is the hot
+    path, so it is a plain slotted class and ``send_time`` becomes a datetime only when read.
     """
+
+    __slots__ = ("_sent", "data_start", "payload", "wal_end")
 
     data_start: LSN
     wal_end: LSN
-    send_time: datetime
     payload: bytes | memoryview
+    _sent: int
+
+    def __init__(
+        self, data_start: LSN, wal_end: LSN, send_time: datetime, payload: bytes | memoryview
+    ) -> None:
+        self.data_start = data_start
+        self.wal_end = wal_end
+        self._sent = to_pg_timestamp(send_time)
+        self.payload = payload
+
+    @property
+    def send_time(self) -> datetime:
+        return PG_EPOCH + timedelta(microseconds=self._sent)
+
+    @property
+    def send_time_us(self) -> int:
+        """``send_time`` as the server sent it: microseconds since 2000-01-01 UTC."""
+        return self._sent
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, XLogData):
+            return NotImplemented
+        return (
+            self.data_start == other.data_start
+            and self.wal_end == other.wal_end
+            and self._sent == other._sent
+            and self.payload == other.payload
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable payload buffers are not hashable
+
+    def __repr__(self) -> str:
+        return (
+            f"XLogData(data_start={self.data_start!r}, wal_end={self.wal_end!r}, "
+            f"send_time={self.send_time!r}, payload=<{len(self.payload)} bytes>)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +145,14 @@ def parse_copy_data(
                 f"truncated XLogData: {size} bytes, the header alone needs {_XLOG_HEADER_SIZE}"
             )
         start, end, sent = _XLOG_HEADER.unpack_from(buf, 1)
-        return XLogData(_new_int(LSN, start), _new_int(LSN, end), from_pg_timestamp(sent), buf[25:])
+        if not _MIN_TIMESTAMP <= sent <= _MAX_TIMESTAMP:
+            from_pg_timestamp(sent)  # raises the ProtocolError that explains it
+        message = _new_object(XLogData)
+        message.data_start = _new_int(LSN, start)
+        message.wal_end = _new_int(LSN, end)
+        message._sent = sent
+        message.payload = buf[25:]
+        return message
     if kind == PRIMARY_KEEPALIVE:
         if size != _KEEPALIVE_SIZE:
             raise ProtocolError(
