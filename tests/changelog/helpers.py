@@ -152,3 +152,13 @@ def transaction(number: int, rows: int = 3) -> CommittedTransaction:
 def transactions(start: int, stop: int, rows: int = 3) -> Iterator[CommittedTransaction]:
     for number in range(start, stop):
         yield transaction(number, rows)
+
+
+def number_of(commit_lsn: int) -> int:
+    """The ``transaction`` number that has this commit LSN."""
+    return (commit_lsn - 0x1000000) // 0x1000
+
+
+def crash_rows(number: int) -> int:
+    """Row counts for the crash tests: mostly small, now and then a multi-frame transaction."""
+    return 200 if number % 11 == 0 else 1 + (number * 37) % 25
