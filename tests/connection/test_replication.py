@@ -177,6 +177,23 @@ def test_iteration_yields_data_and_keepalives_are_visible(db, table):
         assert repl.identify_system().dbname == db.name
 
 
+def test_zero_timeout_reads_what_has_arrived(db, table):
+    slot = logical_slot(db)
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot)
+        db.execute("INSERT INTO t VALUES (1, 'polled')")
+        received = []
+        deadline = time.monotonic() + PATIENCE
+        while not any(b"'polled'" in payload for payload in received):
+            assert time.monotonic() < deadline, "read(timeout=0) never took in the change"
+            message = stream.read(timeout=0)
+            if message is None:
+                time.sleep(0.01)  # the consumer's own work, between polls
+            elif isinstance(message, XLogData):
+                received.append(bytes(message.payload))
+        stream.stop()
+
+
 def test_pgoutput_with_quoted_publication_name(db, table):
     publication = "it's a \\pub"
     db.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE t')

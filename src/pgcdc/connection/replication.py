@@ -291,6 +291,7 @@ class _StreamCore:
 
     def read_gen(self, timeout: float | None) -> PQGen[XLogData | PrimaryKeepalive | None]:
         deadline = None if timeout is None else self.clock() + timeout
+        waited = False  # look at the socket at least once, even with timeout=0
         while True:
             message = self.poll()
             if message is not None:
@@ -298,8 +299,9 @@ class _StreamCore:
             if self.copy_ended:
                 yield from self.server_ended_gen()
             now = self.clock()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and now >= deadline and waited:
                 return None
+            waited = True
             wait = self.next_status - now
             if deadline is not None and deadline - now < wait:
                 wait = deadline - now
