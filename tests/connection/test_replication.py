@@ -182,7 +182,7 @@ def test_zero_timeout_reads_what_has_arrived(db, table):
     with ReplicationConnection.connect(db.conninfo()) as repl:
         stream = repl.start_replication(slot)
         db.execute("INSERT INTO t VALUES (1, 'polled')")
-        received = []
+        received: list[bytes] = []
         deadline = time.monotonic() + PATIENCE
         while not any(b"'polled'" in payload for payload in received):
             assert time.monotonic() < deadline, "read(timeout=0) never took in the change"
