@@ -3,6 +3,8 @@ the change log and come back equal."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pgcdc.changelog import ChangeLog
@@ -59,10 +61,6 @@ def test_decoded_transactions_round_trip_through_the_log(db: Database, tmp_path,
             assert writer.append(txn)
         assert writer.flush() == txns[-1].end_lsn
     restored = list(log.read_transactions())
-    materialised = [t.__class__(**{**_fields(t), "events": tuple(t.events)}) for t in txns]
+    materialised = [replace(t, events=tuple(t.events)) for t in txns]
     assert restored == materialised
     assert len(log.segments()) > 1
-
-
-def _fields(txn):
-    return {name: getattr(txn, name) for name in txn.__slots__}
