@@ -22,6 +22,7 @@ from pgcdc.connection.replication import (
 from pgcdc.errors import (
     AuthenticationFailed,
     ConnectionLost,
+    InvalidArgument,
     MissingReplicationPrivilege,
     ReplicationStreamError,
     SlotInUse,
@@ -171,6 +172,10 @@ def test_iteration_yields_data_and_keepalives_are_visible(db, table):
             # Idle and caught up: read() comes back empty-handed when the timeout expires.
             assert any(stream.read(timeout=0.2) is None for _ in range(50))
         assert stream.ended
+        with pytest.raises(InvalidArgument, match="has ended"):
+            stream.read(timeout=0)
+        with pytest.raises(InvalidArgument, match="has ended"):
+            next(stream)
         assert repl.identify_system().dbname == db.name  # usable after the clean stop
         with pytest.raises(UnsupportedFeature, match="new connection"):
             repl.start_replication(slot).read(timeout=PATIENCE)

@@ -290,6 +290,11 @@ class _StreamCore:
         return None
 
     def read_gen(self, timeout: float | None) -> PQGen[XLogData | PrimaryKeepalive | None]:
+        if self.ended:
+            raise errors.InvalidArgument(
+                "the replication stream has ended (stopped, or the server ended it); start a "
+                "new one on a new connection"
+            )
         deadline = None if timeout is None else self.clock() + timeout
         waited = False  # look at the socket at least once, even with timeout=0
         while True:
@@ -359,7 +364,7 @@ class _StreamCore:
                 break
             if size == 0 and (yield READ, None):
                 self.session.consume()
-        self.ended = True
+        self.copy_ended = self.ended = True
         self.session.completed_streams += 1
         self.session.raise_for((yield from self.session.results_gen()))
 
