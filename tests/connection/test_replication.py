@@ -4,6 +4,7 @@ authentication, and the asyncio twin."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import socket
@@ -335,8 +336,12 @@ async def _async_round_trip(db: Any) -> None:
         assert created.consistent_point > LSN(0)
         with pytest.raises(SlotNotFound):
             await repl.drop_replication_slot("no_such_slot")
-        db.execute("INSERT INTO t VALUES (1, 'async')")
         stream = await repl.start_replication(slot, status_interval=60.0)
+        # Reads cancelled while waiting leave the stream usable (the generator just stops).
+        for _ in range(3):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stream.read(), timeout=0.01)
+        db.execute("INSERT INTO t VALUES (1, 'async')")
         texts = []
         async for message in stream:
             texts.append(bytes(message.payload).decode())
