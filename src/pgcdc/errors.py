@@ -201,26 +201,3 @@ class SpillError(PgcdcError):
 class SlotMismatch(ConfigurationError):
     """An existing slot cannot serve this stream: it is physical, belongs to another database,
     or decodes with another output plugin."""
-
-
-# --- the durable change log (pgcdc.changelog) ------------------------------------------------
-
-
-class ChangeLogError(PgcdcError):
-    """A problem with the durable change log (``pgcdc.changelog``)."""
-
-
-class CorruptChangeLog(ChangeLogError, DecodeError):
-    """A change log file is damaged where it cannot be a torn tail (a sealed segment, a header)."""
-
-
-class ChangeLogLocked(ChangeLogError):
-    """Another writer holds the change log; only one process may append to it."""
-
-
-class UnloggableInput(ChangeLogError, ValueError):
-    """A transaction, event, value or name cannot be stored in the change log as given."""
-
-
-class UnknownConsumer(ChangeLogError, KeyError):
-    """A change log consumer name was used before ``register``."""
