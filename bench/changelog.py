@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """Change log throughput: rows/s appended and flushed, next to a baseline from the same run.
 
 Baseline: encoding the same transactions into one Arrow batch in memory (codec only, no

@@ -83,6 +83,8 @@ class Begin:
     # openGauss mppdb_decoding: commit sequence number and first LSN of the transaction.
     csn: int | None = None
     first_lsn: LSN | None = None
+    # openGauss include-user: the user who ran the transaction.
+    user: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +193,8 @@ class StreamStart:
 @dataclass(frozen=True, slots=True)
 class StreamStop:
     lsn: LSN
+    # test_decoding names the transaction when a block closes; pgoutput does not.
+    xid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +203,7 @@ class StreamCommit:
     xid: int
     commit_lsn: LSN
     end_lsn: LSN
-    commit_time: datetime
+    commit_time: datetime | None = None
     flags: int = 0
 
 
@@ -225,7 +229,7 @@ class BeginPrepare:
     gid: str
     prepare_lsn: LSN
     end_lsn: LSN
-    prepare_time: datetime
+    prepare_time: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +239,7 @@ class Prepare:
     gid: str
     prepare_lsn: LSN
     end_lsn: LSN
-    prepare_time: datetime
+    prepare_time: datetime | None = None
     flags: int = 0
 
 
@@ -246,7 +250,7 @@ class StreamPrepare:
     gid: str
     prepare_lsn: LSN
     end_lsn: LSN
-    prepare_time: datetime
+    prepare_time: datetime | None = None
     flags: int = 0
 
 
@@ -257,7 +261,7 @@ class CommitPrepared:
     gid: str
     commit_lsn: LSN
     end_lsn: LSN
-    commit_time: datetime
+    commit_time: datetime | None = None
     flags: int = 0
 
 
@@ -268,8 +272,8 @@ class RollbackPrepared:
     gid: str
     prepare_end_lsn: LSN
     rollback_end_lsn: LSN
-    prepare_time: datetime
-    rollback_time: datetime
+    prepare_time: datetime | None = None
+    rollback_time: datetime | None = None
     flags: int = 0
 
 
@@ -283,6 +287,8 @@ class Heartbeat:
 
     lsn: LSN
     time: datetime | None = None
+    # openGauss heartbeats also carry the position up to which the server has flushed WAL.
+    flush_lsn: LSN | None = None
 
 
 Change: TypeAlias = Insert | Update | Delete | Truncate

@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """Measures the memory one large streamed transaction costs the writer (run in its own process).
 
 ``python -m tests.changelog.memory_probe ROOT ROWS`` prints JSON: the transaction's raw size,

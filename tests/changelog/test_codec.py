@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """The Arrow codec: every event kind round-trips exactly; bad input is a typed error."""
 
 from __future__ import annotations

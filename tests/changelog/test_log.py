@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """The change log on the local filesystem and on other pyarrow filesystems."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 import pytest
 
 from pgcdc.decoding.arrow import (

@@ -313,6 +313,7 @@ def test_streamed_transactions(db: Database) -> None:
     assert len([e for e in events if isinstance(e, StreamStop)]) == len(starts)
     commits = [e for e in events if isinstance(e, StreamCommit)]
     assert [c.xid for c in commits] == [committed_xid]
+    assert commits[0].commit_time is not None
     assert commits[0].commit_time.tzinfo is not None
     assert decoder.state.open_streams == set()
     _assert_round_trip(decoded, db.major)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 
 from pgcdc.events import ReplicaIdentity
 from pgcdc.lsn import LSN

@@ -6,8 +6,8 @@ import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 

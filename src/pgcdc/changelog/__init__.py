@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """The durable change log: append-only segments of committed transactions.
 
 ``ChangeLogWriter`` appends and makes transactions durable (``flush()`` returns the end LSN the

@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """Committed transactions <-> Arrow record batches, with one fixed schema for every event kind.
 
 One schema keeps the log readable by Spark without knowing the tables in advance: rows stay raw

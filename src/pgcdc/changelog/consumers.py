@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """Named consumers of the change log and their durable acknowledgements.
 
 A consumer acknowledges LSN X when it has durably processed every transaction with

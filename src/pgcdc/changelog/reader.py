@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """Reading the change log: segment listing, Arrow batches, restored transactions.
 
 Everything here needs only a path and a filesystem spec (a local path, a URI or a picklable

@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """The segment file format: a header with the relation state, then checksummed frames.
 
 Segment ``<BASE>.pgcdcseg`` (BASE: the log's last commit LSN before it, 16 hex digits, so names

@@ -1,4 +1,3 @@
-# mypy: disable-error-code="import-untyped"
 """Appending committed transactions to the change log, durably.
 
 Local files: the active segment is appended to and fsync'd by ``flush()``; on open, a torn or

@@ -28,7 +28,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 
 from pgcdc.decoding.values import (
     BoundedList,

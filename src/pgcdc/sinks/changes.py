@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc.errors import InvalidChangeBatch
 from pgcdc.events import Relation, ReplicaIdentity

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError

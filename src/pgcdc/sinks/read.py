@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from pgcdc.sinks.schema import normalize_read_type

@@ -22,8 +22,8 @@ inside the table's (a narrowing at the source) is written cast up. Anything else
 
 from __future__ import annotations
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc.errors import SchemaChangeError, SinkError
 from pgcdc.lsn import LSN

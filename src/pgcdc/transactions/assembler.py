@@ -461,7 +461,7 @@ class TransactionAssembler:
         event: CommitPrepared | RollbackPrepared,
         commit_lsn: LSN,
         end_lsn: LSN,
-        when: datetime,
+        when: datetime | None,
         *,
         commit: bool,
     ) -> Iterable[CommittedTransaction]:
