@@ -382,3 +382,4 @@ class ChangeLogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

@@ -6,6 +6,7 @@ from pgcdc.transactions.assembler import TransactionAssembler
 from pgcdc.transactions.batching import Batch, TransactionBatcher
 from pgcdc.transactions.model import CommittedTransaction, TransactionOutcome
 from pgcdc.transactions.options import AssemblyOptions
+from pgcdc.transactions.sink import TransactionSink
 from pgcdc.transactions.spill import SpilledEvents
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "TransactionAssembler",
     "TransactionBatcher",
     "TransactionOutcome",
+    "TransactionSink",
 ]
