@@ -16,18 +16,18 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgcdc.decoding import state as decoder_state
 from pgcdc.decoding.pgtypes import TypeInfo
+from pgcdc.decoding.state import table_to_dict, type_to_dict
 from pgcdc.errors import CorruptChangeLog, UnloggableInput
 from pgcdc.events import (
     UNCHANGED_TOAST,
-    Column,
     Delete,
     Event,
     Insert,
     Message,
     RawValue,
     Relation,
-    ReplicaIdentity,
     Row,
     Table,
     Truncate,
@@ -117,69 +117,17 @@ SCHEMA = pa.schema(
 # --- table and type definitions as JSON ------------------------------------------------------
 
 
-def table_to_dict(table: Table) -> dict[str, Any]:
-    return {
-        "namespace": table.namespace,
-        "name": table.name,
-        "oid": table.oid,
-        "replica_identity": table.replica_identity.value,
-        "columns": [
-            {
-                "name": c.name,
-                "type_oid": c.type_oid,
-                "type_modifier": c.type_modifier,
-                "is_key": c.is_key,
-                "type_name": c.type_name,
-            }
-            for c in table.columns
-        ],
-    }
-
-
 def table_from_dict(data: dict[str, Any]) -> Table:
     try:
-        return Table(
-            namespace=data["namespace"],
-            name=data["name"],
-            oid=data["oid"],
-            replica_identity=ReplicaIdentity(data["replica_identity"]),
-            columns=tuple(
-                Column(
-                    name=c["name"],
-                    type_oid=c["type_oid"],
-                    type_modifier=c["type_modifier"],
-                    is_key=c["is_key"],
-                    type_name=c["type_name"],
-                )
-                for c in data["columns"]
-            ),
-        )
+        return decoder_state.table_from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptChangeLog(f"damaged table definition in the change log: {exc!r}") from None
 
 
-def type_to_dict(info: TypeInfo) -> dict[str, Any]:
-    return {
-        "oid": info.oid,
-        "namespace": info.namespace,
-        "name": info.name,
-        "kind": info.kind,
-        "base_oid": info.base_oid,
-        "element_oid": info.element_oid,
-    }
-
-
 def type_from_dict(data: dict[str, Any]) -> TypeInfo:
     try:
-        return TypeInfo(
-            oid=data["oid"],
-            namespace=data["namespace"],
-            name=data["name"],
-            kind=data["kind"],
-            base_oid=data["base_oid"],
-            element_oid=data["element_oid"],
-        )
-    except (KeyError, TypeError) as exc:
+        return decoder_state.type_from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
         raise CorruptChangeLog(f"damaged type definition in the change log: {exc!r}") from None
 
 

@@ -49,18 +49,8 @@ class DecoderState:
         """A JSON-safe form (only dicts, lists, str, int, bool and None)."""
         return {
             "format": STATE_FORMAT,
-            "relations": [_table_to_dict(t) for t in self.relations.values()],
-            "types": [
-                {
-                    "oid": t.oid,
-                    "namespace": t.namespace,
-                    "name": t.name,
-                    "kind": t.kind,
-                    "base_oid": t.base_oid,
-                    "element_oid": t.element_oid,
-                }
-                for t in self.types.values()
-            ],
+            "relations": [table_to_dict(t) for t in self.relations.values()],
+            "types": [type_to_dict(t) for t in self.types.values()],
             "stream_xid": self.stream_xid,
         }
 
@@ -74,18 +64,8 @@ class DecoderState:
                     f"{STATE_FORMAT}); it was written by another pgcdc version: restart decoding "
                     "from the slot's start instead"
                 )
-            relations = [_table_from_dict(t) for t in data["relations"]]
-            types = [
-                TypeInfo(
-                    oid=_int(t["oid"]),
-                    namespace=_str(t["namespace"]),
-                    name=_str(t["name"]),
-                    kind=_str(t["kind"]),
-                    base_oid=_int(t["base_oid"]),
-                    element_oid=_int(t["element_oid"]),
-                )
-                for t in data["types"]
-            ]
+            relations = [table_from_dict(t) for t in data["relations"]]
+            types = [type_from_dict(t) for t in data["types"]]
             stream_xid = data["stream_xid"]
             if stream_xid is not None:
                 stream_xid = _int(stream_xid)
@@ -99,7 +79,10 @@ class DecoderState:
         return cls({t.oid: t for t in relations}, {t.oid: t for t in types}, stream_xid)
 
 
-def _table_to_dict(table: Table) -> dict[str, Any]:
+# --- JSON-safe forms of definitions, shared with the change log --------------------------------
+
+
+def table_to_dict(table: Table) -> dict[str, Any]:
     return {
         "oid": table.oid,
         "namespace": table.namespace,
@@ -118,7 +101,8 @@ def _table_to_dict(table: Table) -> dict[str, Any]:
     }
 
 
-def _table_from_dict(data: Mapping[str, Any]) -> Table:
+def table_from_dict(data: Mapping[str, Any]) -> Table:
+    """Inverse of ``table_to_dict``; wrong keys or value types raise KeyError/TypeError."""
     columns = tuple(
         Column(
             name=_str(c["name"]),
@@ -135,6 +119,29 @@ def _table_from_dict(data: Mapping[str, Any]) -> Table:
         columns=columns,
         oid=_int(data["oid"]),
         replica_identity=ReplicaIdentity(data["replica_identity"]),
+    )
+
+
+def type_to_dict(info: TypeInfo) -> dict[str, Any]:
+    return {
+        "oid": info.oid,
+        "namespace": info.namespace,
+        "name": info.name,
+        "kind": info.kind,
+        "base_oid": info.base_oid,
+        "element_oid": info.element_oid,
+    }
+
+
+def type_from_dict(data: Mapping[str, Any]) -> TypeInfo:
+    """Inverse of ``type_to_dict``; wrong keys or value types raise KeyError/TypeError."""
+    return TypeInfo(
+        oid=_int(data["oid"]),
+        namespace=_str(data["namespace"]),
+        name=_str(data["name"]),
+        kind=_str(data["kind"]),
+        base_oid=_int(data["base_oid"]),
+        element_oid=_int(data["element_oid"]),
     )
 
 
