@@ -16,6 +16,9 @@ column              type                       meaning
 ``_unchanged``      list<string>               columns holding an unchanged TOASTed value the
                                                server did not send: their typed value is null,
                                                and it must be read as "same as before"
+``_text``           map<string, string>,       PostgreSQL text form of the values the typed
+                    nullable, optional         column cannot hold exactly (its typed value is
+                                               null; ``pgcdc.decoding.arrow``'s ``_pgcdc_text``)
 ``_old``            struct<table columns>      old key (UPDATE that changed the key, DELETE), or
                     nullable                   the whole old row (REPLICA IDENTITY FULL)
 ==================  =========================  =================================================
@@ -45,6 +48,7 @@ XID = "_xid"
 COMMIT_TIME = "_commit_time"
 ORIGIN = "_origin"
 UNCHANGED = "_unchanged"
+TEXT = "_text"
 OLD = "_old"
 
 INSERT = "insert"
@@ -54,6 +58,7 @@ TRUNCATE = "truncate"
 OPERATIONS = frozenset({INSERT, UPDATE, DELETE, TRUNCATE})
 
 COMMIT_TIME_TYPE = pa.timestamp("us", tz="UTC")
+TEXT_TYPE = pa.map_(pa.string(), pa.string())
 
 # Metadata columns other than ``_old`` (whose type depends on the table), in contract order.
 METADATA_FIELDS: tuple[pa.Field, ...] = (
@@ -65,7 +70,10 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(COMMIT_TIME, COMMIT_TIME_TYPE, nullable=False),
     pa.field(ORIGIN, pa.string()),
     pa.field(UNCHANGED, pa.list_(pa.string()), nullable=False),
+    pa.field(TEXT, TEXT_TYPE),
 )
+# Columns a change table may leave out: they read as all null.
+OPTIONAL_NAMES = frozenset({OLD, TEXT})
 METADATA_NAMES = frozenset(f.name for f in METADATA_FIELDS) | {OLD}
 
 
@@ -186,13 +194,18 @@ def normalize(spec: TableSpec, changes: pa.Table) -> pa.Table:
             f"{name}: change table has column(s) {unknown} that the TableSpec (relation at "
             f"{spec.relation_lsn}) does not know; send the new Relation's TableSpec with the batch"
         )
-    missing = [c for c in expected.names if c not in changes.column_names and c != OLD]
+    missing = [
+        c for c in expected.names if c not in changes.column_names and c not in OPTIONAL_NAMES
+    ]
     if missing:
         raise InvalidChangeBatch(f"{name}: change table lacks column(s) {missing}")
     arrays: list[pa.Array] = []
     for field in expected:
         if field.name == OLD:
             arrays.append(_normalize_old(spec, changes))
+            continue
+        if field.name not in changes.column_names:
+            arrays.append(pa.nulls(changes.num_rows, field.type))
             continue
         array = changes.column(field.name).combine_chunks()
         arrays.append(_cast(name, field.name, array, field.type))

@@ -8,11 +8,11 @@ changelog
     the table's columns). LSNs are Delta ``long`` (LSNs below 2**63; PostgreSQL would need
     8 EiB of WAL to pass that). Unchanged TOASTed values stay null here, named in ``_unchanged``.
 mirror (SCD1)
-    The current rows, keyed by the replica identity, plus ``_commit_lsn`` and ``_commit_time`` of
-    the change that last wrote each row. One MERGE per batch.
+    The current rows, keyed by the replica identity, plus ``_commit_lsn``, ``_commit_time`` and
+    ``_text`` of the change that last wrote each row. One MERGE per batch.
 history (SCD2)
     One row per version with ``_op`` (insert or update: what opened it), ``_valid_from_lsn``,
-    ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time`` and ``_is_current``. LSNs are
+    ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time``, ``_is_current`` and ``_text``. LSNs are
     commit LSNs, so the state as of LSN L is ``_valid_from_lsn <= L < _valid_to_lsn``; an open
     version has ``_valid_to_lsn`` = 2**63-1 and ``_valid_to_time`` = 9999-12-31 23:59:59.999999
     UTC. A version replaced within its own transaction has an empty interval (from = to).
@@ -115,6 +115,7 @@ def _mirror_schema(dspec: c.TableSpec) -> pa.Schema:
             *dspec.schema,
             pa.field(c.COMMIT_LSN, LSN_TYPE),
             pa.field(c.COMMIT_TIME, c.COMMIT_TIME_TYPE),
+            pa.field(c.TEXT, c.TEXT_TYPE),
         ]
     )
 
@@ -129,6 +130,7 @@ def _history_schema(dspec: c.TableSpec) -> pa.Schema:
             pa.field(VALID_FROM_TIME, c.COMMIT_TIME_TYPE),
             pa.field(VALID_TO_TIME, c.COMMIT_TIME_TYPE),
             pa.field(IS_CURRENT, pa.bool_()),
+            pa.field(c.TEXT, c.TEXT_TYPE),
         ]
     )
 
@@ -279,6 +281,7 @@ def _write_mirror(
     lineage = [v.row for v in upserts]
     rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
     rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
+    rows = rows.append_column(c.TEXT, _take(changes, c.TEXT, lineage))
     if not _has_data(table):
         write_deltalake(
             path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
@@ -352,6 +355,7 @@ def _write_history(
         pa.array([TIME_INFINITY if e is None else time[e] for e in ends], c.COMMIT_TIME_TYPE),
     )
     rows = rows.append_column(IS_CURRENT, pa.array([e is None for e in ends], pa.bool_()))
+    rows = rows.append_column(c.TEXT, _take(changes, c.TEXT, starts))
     if (not p.target_closed and p.truncate_row is None) or not _has_data(table):
         write_deltalake(
             path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
