@@ -12,10 +12,11 @@ mirror (SCD1)
     ``_text`` of the change that last wrote each row. One MERGE per batch.
 history (SCD2)
     One row per version with ``_op`` (insert or update: what opened it), ``_valid_from_lsn``,
-    ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time``, ``_is_current`` and ``_text``. LSNs are
-    commit LSNs, so the state as of LSN L is ``_valid_from_lsn <= L < _valid_to_lsn``; an open
-    version has ``_valid_to_lsn`` = 2**63-1 and ``_valid_to_time`` = 9999-12-31 23:59:59.999999
-    UTC. A version replaced within its own transaction has an empty interval (from = to).
+    ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time``, ``_is_current`` and ``_text``.
+    LSNs are commit LSNs, so the state as of LSN L is ``_valid_from_lsn <= L < _valid_to_lsn``;
+    an open version has ``_valid_to_lsn`` = 2**63-1 and ``_valid_to_time`` =
+    9999-12-31 23:59:59.999999 UTC. A version replaced within its own transaction has an empty
+    interval (from = to).
 
 Schema changes (``pgcdc.sinks.schema``): new columns are added; dropped columns stay in the
 Delta table: changelog and history rows written after the drop have null there, mirror rows keep
