@@ -201,3 +201,11 @@ class SpillError(PgcdcError):
 class SlotMismatch(ConfigurationError):
     """An existing slot cannot serve this stream: it is physical, belongs to another database,
     or decodes with another output plugin."""
+
+
+# --- the pgcdc command (pgcdc.cli) -----------------------------------------------------------
+
+
+class OutputError(PgcdcError):
+    """An output file of ``pgcdc --start`` cannot be opened or written, or a change cannot be
+    written in the chosen ``--format``; the message says which and what to use instead."""
