@@ -17,7 +17,9 @@ import pytest
 
 from pgcdc import errors
 from pgcdc.connection import server_errors
+from pgcdc.connection.commands import Command
 from pgcdc.connection.preflight import check
+from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.sql import (
     advance_slot,
     create_logical_slot,
@@ -138,6 +140,37 @@ def test_an_uninstalled_plugin(db: Database) -> None:
     assert "wal2json" in str(error.value)
     with db.connect() as conn:
         assert _no_probe_slots_left(conn)
+
+
+def test_a_missing_file_that_is_not_a_plugin(db: Database) -> None:
+    """58P01 (undefined_file) means any missing file; only a library the server could not
+    load is a missing plugin. The rest stays a plain ServerError with the server's words."""
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        # The bare command, without the hint timeline_history() adds: the general mapping.
+        bare = Command("TIMELINE_HISTORY 1", lambda result: result)
+        with pytest.raises(errors.ServerError) as missing_history:
+            repl.run(bare)
+    assert type(missing_history.value) is errors.ServerError
+    assert missing_history.value.sqlstate == server_errors.UNDEFINED_FILE
+    assert "00000001.history" in missing_history.value.server_message
+
+    with (
+        db.connect() as conn,
+        pytest.raises(errors.ServerError) as missing_file,
+        server_errors.translated(),
+    ):
+        conn.execute("SELECT pg_read_file('no_such_file_here')")
+    assert type(missing_file.value) is errors.ServerError
+    assert missing_file.value.sqlstate == server_errors.UNDEFINED_FILE
+
+    # The same SQLSTATE from loading a library is still a missing plugin, with the fix.
+    with (
+        db.connect() as conn,
+        pytest.raises(errors.PluginNotInstalled, match="install") as lib,
+        server_errors.translated(),
+    ):
+        conn.execute("LOAD 'pgcdc_no_such_library'")
+    assert "pgcdc_no_such_library" in str(lib.value)
 
 
 def test_a_role_without_replication(db: Database, role: str) -> None:

@@ -238,7 +238,7 @@ def timeline_history(timeline: int) -> Command[TimelineHistory]:
         return TimelineHistory(_required(result, "TIMELINE_HISTORY", 0), bytes(content))
 
     def translate_error(sqlstate: str | None, message: str, detail: str | None) -> PgcdcError:
-        # A missing history file is 58P01 like a missing plugin library; say which it is.
+        # The general mapping gives a plain ServerError for this 58P01; this adds the fix.
         return ServerError(
             f"{message}; timeline {timeline} has no history file on this server (timeline 1 "
             "never has one; see IDENTIFY_SYSTEM for the current timeline)",

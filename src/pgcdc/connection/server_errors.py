@@ -32,6 +32,10 @@ _SLOT_NAME = re.compile(r'replication slot "([^"]*)"')
 _ADVANCE_MINIMUM = re.compile(r"cannot advance replication slot to \S+, minimum is (\S+)")
 _PUBLICATION_NAME = re.compile(r'publication "([^"]*)" does not exist')
 _PLUGIN_LIBRARY = re.compile(r'(?:library|file) "([^"]*)"')
+# 58P01 (undefined_file) is any missing file: a plugin library, but also a timeline history
+# file or a pg_read_file() argument. Only these messages, from loading a shared library
+# (dfmgr.c), mean the plugin is not installed.
+_MISSING_LIBRARY = re.compile(r'could not (?:access file|load library) "[^"]*"')
 # libpq's text for a refused connection: '... failed: FATAL:  <message>\nDETAIL:  <detail>'.
 _FATAL = re.compile(r"FATAL:\s+(?P<message>[^\n]*)(?:\nDETAIL:\s+(?P<detail>[^\n]*))?")
 _NO_REPLICATION_ATTRIBUTE = re.compile(
@@ -110,7 +114,7 @@ def translate(
             "restart the server, or stop another replication client (see SELECT pid, "
             "application_name FROM pg_stat_replication)"
         )
-    if sqlstate == UNDEFINED_FILE or "could not access file" in message:
+    if _MISSING_LIBRARY.search(message):
         library = _PLUGIN_LIBRARY.search(message)
         name = library.group(1) if library else "<plugin>"
         return errors.PluginNotInstalled(
