@@ -252,6 +252,31 @@ def test_two_phase_lines() -> None:
         decode(f"ROLLBACK PREPARED 'never', txid 1{at}")
 
 
+def test_two_phase_lines_without_timestamps() -> None:
+    """include-timestamp=0 (test_decoding's default): the times are None, nothing else is lost."""
+    decoder = TestDecodingDecoder()
+    lines = {
+        "prepare": "PREPARE TRANSACTION 'g1', txid 77",
+        "commit": "COMMIT PREPARED 'g1', txid 77",
+        "prepare2": "PREPARE TRANSACTION 'g2', txid 78",
+        "rollback": "ROLLBACK PREPARED 'g2', txid 78",
+    }
+    at = {name: LSN(int(AT) + 10 * i) for i, name in enumerate(lines)}
+    events = {name: decoder.decode(line.encode(), at[name]) for name, line in lines.items()}
+    assert events == {
+        "prepare": [Prepare(at["prepare"], 77, "g1", at["prepare"], at["prepare"], None)],
+        "commit": [CommitPrepared(at["commit"], 77, "g1", at["commit"], at["commit"], None)],
+        "prepare2": [Prepare(at["prepare2"], 78, "g2", at["prepare2"], at["prepare2"], None)],
+        # The prepare's end LSN still comes from the state the PREPARE line left.
+        "rollback": [
+            RollbackPrepared(at["rollback"], 78, "g2", at["prepare2"], at["rollback"], None, None)
+        ],
+    }
+    assert decoder.state.prepared == {}
+    for name, line in lines.items():
+        assert format_test_decoding(events[name][0]) == line
+
+
 def test_streaming_lines() -> None:
     decoder = TestDecodingDecoder()
     at = " (at 2026-05-06 07:08:09+02)"
@@ -263,7 +288,7 @@ def test_streaming_lines() -> None:
         decode("streaming change for TXN 9", decoder)
     with pytest.raises(MissingOutputData):
         decode("streaming truncate for TXN 9", decoder)
-    assert decode("closing a streamed block for transaction TXN 9", decoder) == [StreamStop(AT)]
+    assert decode("closing a streamed block for transaction TXN 9", decoder) == [StreamStop(AT, 9)]
     assert decode("opening a streamed block for transaction TXN 9", decoder) == [
         StreamStart(AT, 9, False)
     ]
@@ -276,14 +301,32 @@ def test_streaming_lines() -> None:
         StreamPrepare(AT, 11, "g", AT, AT, when)
     ]
     line = "closing a streamed block for transaction TXN 9"
+    # The event's own xid wins; stream_xid only fills in for pgoutput's xid-less StreamStop.
+    assert format_test_decoding(StreamStop(AT, 9)) == line
+    assert format_test_decoding(StreamStop(AT, 9), stream_xid=8) == line
     assert format_test_decoding(StreamStop(AT), stream_xid=9) == line
+    assert format_test_decoding(StreamStop(AT)) == "closing a streamed block for transaction"
+    assert decode("closing a streamed block for transaction") == [StreamStop(AT, None)]
     assert (
         format_test_decoding(StreamAbort(AT, 9, 10)) == "aborting streamed (sub)transaction TXN 10"
     )
     with pytest.raises(MissingOutputData, match="include-xids"):
         decode("opening a streamed block for transaction")
-    with pytest.raises(MissingOutputData, match="include-timestamp"):
-        decode("committing streamed transaction TXN 9")
+    # Without include-timestamp the commit and prepare times are None.
+    untimed = decoder.decode(b"opening a streamed block for transaction TXN 12", AT)
+    assert untimed == [StreamStart(AT, 12, True)]
+    assert decode("committing streamed transaction TXN 12", decoder) == [
+        StreamCommit(AT, 12, AT, AT, None)
+    ]
+    assert decoder.state.open_streams == set()
+    assert decode("preparing streamed transaction TXN 'g', txid 11", decoder) == [
+        StreamPrepare(AT, 11, "g", AT, AT, None)
+    ]
+    for line in (
+        "committing streamed transaction TXN 12",
+        "preparing streamed transaction TXN 'g', txid 11",
+    ):
+        assert format_test_decoding(only(line)) == line
     with pytest.raises(MissingOutputData, match="which transaction"):
         decode("aborting streamed (sub)transaction TXN 10")
 
@@ -420,6 +463,9 @@ VALID_LINES = [
     b"PREPARE TRANSACTION E'a''\\\\', txid 5 (at 2026-03-01 10:11:12+05:30)",
     b"committing streamed transaction TXN 9 (at 2026-03-01 10:11:12+00)",
     b"opening a streamed block for transaction TXN 9",
+    b"closing a streamed block for transaction TXN 9",
+    b"PREPARE TRANSACTION 'g', txid 5",
+    b"committing streamed transaction TXN 9",
 ]
 
 

@@ -29,6 +29,7 @@ from pgcdc.events import (
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamPrepare,
     StreamStart,
     StreamStop,
     Table,
@@ -92,16 +93,13 @@ def _decode_all(
     return [(data, decoder.decode(data, lsn)) for lsn, data in lines]
 
 
-def _assert_round_trip(
-    decoded: list[tuple[bytes, list[Event]]], server_major: int, stream_xid: int | None = None
-) -> None:
+def _assert_round_trip(decoded: list[tuple[bytes, list[Event]]], server_major: int) -> None:
+    """Each line formats back byte for byte from its own event alone (StreamStop included: it
+    carries test_decoding's xid)."""
     for data, events in decoded:
         line_events = [e for e in events if not isinstance(e, Relation)]
         assert len(line_events) == 1, (data, events)
-        event = line_events[0]
-        if isinstance(event, StreamStart):
-            stream_xid = event.xid
-        text = format_test_decoding(event, stream_xid=stream_xid, server_major=server_major)
+        text = format_test_decoding(line_events[0], server_major=server_major)
         assert text.encode() == data
 
 
@@ -278,7 +276,8 @@ def test_without_xids_or_timestamps(db: Database) -> None:
     _assert_round_trip(decoded, db.major)
 
 
-def test_streamed_transactions(db: Database) -> None:
+@pytest.mark.parametrize("timestamps", [True, False], ids=["timestamps", "no-timestamps"])
+def test_streamed_transactions(db: Database, timestamps: bool) -> None:
     with db.connect() as conn:
         conn.execute("CREATE TABLE big (id integer, pad text)")
         conn.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding')")
@@ -290,7 +289,14 @@ def test_streamed_transactions(db: Database) -> None:
         conn.execute("INSERT INTO big VALUES (0, 'flush')")
         conn.execute("SET logical_decoding_work_mem = '64kB'")
         lines = _changes(
-            conn, "s", "include-xids", "1", "include-timestamp", "1", "stream-changes", "1"
+            conn,
+            "s",
+            "include-xids",
+            "1",
+            "include-timestamp",
+            "1" if timestamps else "0",
+            "stream-changes",
+            "1",
         )
 
     decoder = TestDecodingDecoder()
@@ -310,11 +316,16 @@ def test_streamed_transactions(db: Database) -> None:
     assert {s.xid for s in starts} == {committed_xid}
     assert starts[0].first_segment is True
     assert sum(s.first_segment for s in starts) == 1
-    assert len([e for e in events if isinstance(e, StreamStop)]) == len(starts)
+    stops = [e for e in events if isinstance(e, StreamStop)]
+    assert len(stops) == len(starts) and {s.xid for s in stops} == {committed_xid}
     commits = [e for e in events if isinstance(e, StreamCommit)]
     assert [c.xid for c in commits] == [committed_xid]
-    assert commits[0].commit_time is not None
-    assert commits[0].commit_time.tzinfo is not None
+    if timestamps:
+        assert commits[0].commit_time is not None
+        assert commits[0].commit_time.tzinfo is not None
+    else:
+        assert commits[0].commit_time is None
+        assert not any(b" (at " in data for _, data in lines)
     assert decoder.state.open_streams == set()
     _assert_round_trip(decoded, db.major)
 
@@ -356,9 +367,62 @@ def test_two_phase(db: Database) -> None:
     assert decoder.state.prepared == {}
     _assert_round_trip(decoded, db.major)
 
-    # Without include-timestamp, a Prepare cannot be built: a typed error names the option.
-    with pytest.raises(MissingOutputData, match="include-timestamp"):
-        TestDecodingDecoder().decode(b"PREPARE TRANSACTION 'g', txid 5", LSN(1))
+
+def test_two_phase_without_timestamps(db: Database) -> None:
+    """include-timestamp off (test_decoding's default): PREPARE, COMMIT/ROLLBACK PREPARED and a
+    streamed prepare decode with their times None and everything else intact."""
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE t (id integer PRIMARY KEY, v text)")
+        conn.execute("SELECT pg_create_logical_replication_slot('s', 'test_decoding', false, true)")
+        xids: dict[str, int] = {}
+        for gid, rows in (("small-commit", 1), ("small-rollback", 1), ("big", 3000)):
+            conn.execute("BEGIN")
+            xids[gid] = int(conn.execute("SELECT txid_current()").fetchone()[0])  # type: ignore[index]
+            conn.execute(
+                "INSERT INTO t SELECT g, repeat('v', 100) FROM generate_series(%s::int, %s::int) g",
+                (len(xids) * 10_000, len(xids) * 10_000 + rows - 1),
+            )
+            conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        conn.execute("SET logical_decoding_work_mem = '64kB'")
+        options = ("include-xids", "1", "include-timestamp", "0", "stream-changes", "1")
+        prepared_lines = _changes(conn, "s", *options)
+        conn.execute("COMMIT PREPARED 'small-commit'")
+        conn.execute("ROLLBACK PREPARED 'small-rollback'")
+        conn.execute("COMMIT PREPARED 'big'")
+        finished_lines = _changes(conn, "s", *options)
+
+    decoder = TestDecodingDecoder()
+    decoded: list[tuple[bytes, list[Event]]] = []
+    streamed_changes = 0
+    for lsn, data in prepared_lines + finished_lines:
+        assert b" (at " not in data
+        if data.startswith(b"streaming change for TXN "):
+            streamed_changes += 1  # no row data: raises, covered in test_streamed_transactions
+            continue
+        decoded.append((data, decoder.decode(data, lsn)))
+    assert streamed_changes > 100
+    events = [e for _, es in decoded for e in es if not isinstance(e, Relation)]
+    prepares = [e for e in events if isinstance(e, Prepare)]
+    assert [(p.gid, p.xid, p.prepare_time) for p in prepares] == [
+        ("small-commit", xids["small-commit"], None),
+        ("small-rollback", xids["small-rollback"], None),
+    ]
+    (stream_prepare,) = [e for e in events if isinstance(e, StreamPrepare)]
+    assert (stream_prepare.gid, stream_prepare.xid) == ("big", xids["big"])
+    assert stream_prepare.prepare_time is None
+    stops = [e for e in events if isinstance(e, StreamStop)]
+    assert stops and {s.xid for s in stops} == {xids["big"]}
+    commits = [e for e in events if isinstance(e, CommitPrepared)]
+    assert [(c.gid, c.xid, c.commit_time) for c in commits] == [
+        ("small-commit", xids["small-commit"], None),
+        ("big", xids["big"], None),
+    ]
+    (rollback,) = [e for e in events if isinstance(e, RollbackPrepared)]
+    assert (rollback.gid, rollback.xid) == ("small-rollback", xids["small-rollback"])
+    assert rollback.prepare_time is None and rollback.rollback_time is None
+    assert rollback.prepare_end_lsn == prepares[1].end_lsn
+    assert decoder.state.prepared == {} and decoder.state.open_streams == set()
+    _assert_round_trip(decoded, db.major)
 
 
 def test_tables_are_reported_again_after_ddl(db: Database) -> None:

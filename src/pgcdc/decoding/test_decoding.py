@@ -25,8 +25,9 @@ What the lines cannot tell, and what pgcdc does about it:
   never ``BeginPrepare``.
 - Streamed transactions: test_decoding prints no row data for streamed changes, truncates or
   transactional messages; those lines raise ``MissingOutputData`` rather than lose the change.
-  Events whose fields are mandatory (StreamStart, Prepare, CommitPrepared, ...) raise it too
-  when include-xids or include-timestamp was off.
+- Without include-timestamp, lines carry no time: commit, prepare and rollback times are None.
+  Without include-xids, events whose xid is mandatory (StreamStart, Prepare, CommitPrepared,
+  ...) raise ``MissingOutputData``: a transaction id cannot be made up.
 """
 
 from __future__ import annotations
@@ -311,8 +312,9 @@ class TestDecodingState:
     tables: dict[tuple[str, str], Table] = field(default_factory=dict)
     # Streamed top-level transactions that started and have not committed or aborted.
     open_streams: set[int] = field(default_factory=set)
-    # gid -> (LSN of its PREPARE line, prepare time): ROLLBACK PREPARED lines lack both.
-    prepared: dict[str, tuple[LSN, datetime]] = field(default_factory=dict)
+    # gid -> (LSN of its PREPARE line, prepare time or None without include-timestamp):
+    # ROLLBACK PREPARED lines lack both.
+    prepared: dict[str, tuple[LSN, datetime | None]] = field(default_factory=dict)
 
 
 class TestDecodingDecoder:
@@ -364,8 +366,8 @@ class TestDecodingDecoder:
             first = xid not in self._state.open_streams
             self._state.open_streams.add(xid)
             return [StreamStart(lsn, xid, first)]
-        if _STREAM_STOP.fullmatch(line):
-            return [StreamStop(lsn)]
+        if m := _STREAM_STOP.fullmatch(line):
+            return [StreamStop(lsn, _int(m["xid"]))]
         if _STREAM_CHANGE.fullmatch(line):
             raise MissingOutputData(
                 f"test_decoding printed {line!r} at {lsn} without the change's data; it never "
@@ -377,11 +379,11 @@ class TestDecodingDecoder:
         if m := _STREAM_COMMIT.fullmatch(line):
             xid = _need_xid(m, line)
             self._state.open_streams.discard(xid)
-            return [StreamCommit(lsn, xid, lsn, lsn, _need_time(m, line))]
+            return [StreamCommit(lsn, xid, lsn, lsn, _time(m["at"]))]
         if (m := _STREAM_PREPARE.fullmatch(line)) and (m["txn"] is None) == (m["xid"] is None):
             xid = _need_xid(m, line)
             gid = _unquote_literal(m["gid"])
-            when = _need_time(m, line)
+            when = _time(m["at"])
             self._state.open_streams.discard(xid)
             self._state.prepared[gid] = (lsn, when)
             return [StreamPrepare(lsn, xid, gid, lsn, lsn, when)]
@@ -390,7 +392,7 @@ class TestDecodingDecoder:
     def _two_phase(self, m: re.Match[str], lsn: LSN, line: str) -> Event:
         gid = _unquote_literal(m["gid"])
         xid = _need_xid(m, line)
-        when = _need_time(m, line)
+        when = _time(m["at"])
         if m["kind"] == "PREPARE TRANSACTION":
             self._state.prepared[gid] = (lsn, when)
             return Prepare(lsn, xid, gid, lsn, lsn, when)
@@ -736,16 +738,6 @@ def _need_xid(m: re.Match[str], line: str) -> int:
     return int(m["xid"])
 
 
-def _need_time(m: re.Match[str], line: str) -> datetime:
-    when = _time(m["at"])
-    if when is None:
-        raise MissingOutputData(
-            f"test_decoding line {line!r} has no timestamp, which this event requires; pass "
-            "include-timestamp=1 to test_decoding"
-        )
-    return when
-
-
 def _time(text: str | None) -> datetime | None:
     if text is None:
         return None
@@ -897,9 +889,10 @@ def format_test_decoding(
 ) -> str:
     """The line test_decoding prints for ``event`` (the inverse of TestDecodingDecoder).
 
-    ``stream_xid`` is printed in "closing a streamed block" lines (StreamStop carries no xid);
-    ``server_major`` picks the keyword list quote_identifier() uses. Relation events have no
-    line of their own and raise ValueError, as do events test_decoding cannot print.
+    ``stream_xid`` is printed in "closing a streamed block" lines when the StreamStop carries no
+    xid (pgoutput's do not; test_decoding's do); ``server_major`` picks the keyword list
+    quote_identifier() uses. Relation events have no line of their own and raise ValueError, as
+    do events test_decoding cannot print.
     """
     major = server_major
     match event:
@@ -946,8 +939,9 @@ def format_test_decoding(
             return f"ROLLBACK PREPARED {_quote_literal(gid)}, txid {xid}{_at(when)}"
         case StreamStart(xid=xid):
             return f"opening a streamed block for transaction{_txn(xid)}"
-        case StreamStop():
-            return f"closing a streamed block for transaction{_txn(stream_xid)}"
+        case StreamStop(xid=xid):
+            closing = stream_xid if xid is None else xid
+            return f"closing a streamed block for transaction{_txn(closing)}"
         case StreamAbort(subxid=subxid):
             return f"aborting streamed (sub)transaction{_txn(subxid)}"
         case StreamCommit(xid=xid, commit_time=when):
