@@ -1,0 +1,426 @@
+"""The receiver: a logical replication slot in, committed transactions into a durable sink.
+
+One loop connects the layers: ``ReplicationStream`` -> decoder -> ``TransactionAssembler`` ->
+``TransactionSink`` (the change log, or a CLI output). It is what makes the pipeline exactly
+once:
+
+- Nothing is lost: the slot is confirmed only up to what the sink has made durable, and never
+  beyond the oldest transaction the assembler still holds (a streamed transaction in progress,
+  a prepared one waiting for COMMIT PREPARED). After any crash the server re-sends everything
+  after the confirmed position.
+- Nothing is stored twice: what the server re-sends and the sink already holds (commit LSN not
+  above ``sink.last_commit_lsn``) is dropped here, before the sink sees it.
+- Nothing holds WAL needlessly: when the assembler holds nothing and the sink has flushed, the
+  confirmation follows the keepalives' ``wal_end``, as PostgreSQL's apply worker and
+  pg_recvlogical do, so an idle database (or one whose writes all go to other databases) lets
+  the server recycle WAL.
+- Synchronous replication works: flush feedback goes out right after each fsync, so with
+  ``fsync_interval=0`` a commit on the server returns once pgcdc has logged it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from psycopg._encodings import pg2pyenc
+from psycopg.conninfo import conninfo_to_dict
+
+from pgcdc.connection import preflight
+from pgcdc.connection.protocol import XLogData
+from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
+from pgcdc.decoding import Decoder
+from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, max_proto_version
+from pgcdc.decoding.test_decoding import TestDecodingDecoder
+from pgcdc.errors import InvalidOption
+from pgcdc.events import Delete, Event, Insert, Message, Truncate, Update
+from pgcdc.lsn import INVALID_LSN, LSN
+from pgcdc.transactions import (
+    AssemblyOptions,
+    CommittedTransaction,
+    TransactionAssembler,
+    TransactionSink,
+)
+
+__all__ = ["Receiver", "ReceiverOptions", "ReceiverProgress", "session_options"]
+
+PLUGINS = ("pgoutput", "test_decoding")
+STREAMING_SINCE = 140000
+# The walsender's session settings that make text output parseable and stable: timestamps in
+# ISO form and UTC, intervals in the form pgcdc.decoding.values reads.
+SESSION_SETTINGS = (("DateStyle", "ISO"), ("IntervalStyle", "postgres"), ("TimeZone", "UTC"))
+# How long a quiet read may block before the stop event is looked at again.
+STOP_CHECK_SECONDS = 0.2
+_CONTENT = (Insert, Update, Delete, Truncate, Message)
+
+
+@dataclass(frozen=True)
+class ReceiverOptions:
+    """What to stream and how. Option names follow pgoutput and pg_recvlogical."""
+
+    conninfo: str
+    slot: str
+    plugin: str = "pgoutput"  # or "test_decoding"
+    publications: tuple[str, ...] = ()  # pgoutput
+    proto_version: int | None = None  # None: the highest the server supports
+    streaming: str | None = None  # None: "on" where supported (>= PG14), else "off"
+    two_phase: bool = False
+    binary: bool = False
+    messages: bool = True
+    plugin_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    create_slot: bool = False  # create it (if missing) before streaming
+    start_lsn: LSN | None = None  # None: the slot's confirmed position
+    end_lsn: LSN | None = None  # stop once everything up to here is stored
+    status_interval: float = 10.0  # seconds, as pg_recvlogical -s
+    fsync_interval: float = 10.0  # seconds, as pg_recvlogical -F; 0 = after every transaction
+    assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
+    application_name: str = "pgcdc"
+    preflight: bool = True  # run pgcdc.connection.preflight.check before connecting
+
+    def __post_init__(self) -> None:
+        if self.plugin not in PLUGINS:
+            raise InvalidOption(
+                f"plugin {self.plugin!r} is not supported by the receiver; use one of "
+                f"{', '.join(PLUGINS)}"
+            )
+        if isinstance(self.publications, str):
+            raise InvalidOption(
+                f"publications must be a tuple of names, not one string: write "
+                f"({self.publications!r},)"
+            )
+        object.__setattr__(self, "publications", tuple(self.publications))
+        if self.plugin == "pgoutput" and not self.publications:
+            raise InvalidOption(
+                "pgoutput needs at least one publication: create one with CREATE PUBLICATION "
+                "<name> FOR ALL TABLES (or FOR TABLE ...) and pass publications=('<name>',)"
+            )
+        if self.plugin == "test_decoding" and self.streaming not in (None, "off"):
+            raise InvalidOption(
+                f"streaming={self.streaming!r} cannot be used with test_decoding: it prints no "
+                "row data for streamed changes, so they would be lost; use pgoutput, or "
+                "streaming=None/'off'"
+            )
+        if self.streaming not in (None, "off", "on", "parallel"):
+            raise InvalidOption(
+                f"streaming={self.streaming!r} is not valid: use 'off', 'on', 'parallel' or "
+                "None (on where the server supports it)"
+            )
+        for name in ("status_interval", "fsync_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise InvalidOption(f"{name} must be a number of seconds >= 0, not {value!r}")
+        if self.status_interval <= 0:
+            raise InvalidOption(
+                f"status_interval must be positive (seconds between status updates), not "
+                f"{self.status_interval!r}"
+            )
+        if not self.slot:
+            raise InvalidOption("slot must name a replication slot")
+        object.__setattr__(self, "plugin_options", MappingProxyType(dict(self.plugin_options)))
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverProgress:
+    """Where the receiver stands; a new snapshot after every flush, keepalive and at exit."""
+
+    transactions: int = 0  # transactions stored in the sink by this run
+    changes: int = 0  # their changes and messages
+    bytes_received: int = 0  # output plugin payload bytes received
+    duplicates: int = 0  # re-sent transactions the sink already held, dropped
+    durable_lsn: LSN = INVALID_LSN  # the sink's durable end
+    confirmed_lsn: LSN = INVALID_LSN  # reported to the server as flushed
+    server_wal_end: LSN | None = None  # from the latest keepalive
+    stopped_by: str | None = None  # "end_lsn", "stop" when run() returned
+
+    @property
+    def lag_bytes(self) -> int | None:
+        """How far the slot's confirmation trails the server's WAL end (None before the first
+        keepalive)."""
+        if self.server_wal_end is None:
+            return None
+        return max(0, int(self.server_wal_end) - int(self.confirmed_lsn))
+
+
+def session_options(conninfo: str) -> str:
+    """The libpq ``options`` value: the user's (conninfo or PGOPTIONS) then pgcdc's settings,
+    which come last so they win."""
+    given = conninfo_to_dict(conninfo).get("options")
+    if given is None:
+        given = os.environ.get("PGOPTIONS", "")
+    ours = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS)
+    return f"{given} {ours}".strip()
+
+
+def _counted(events: Iterable[Event], counter: list[int]) -> Iterator[Event]:
+    """Count content events while the sink streams a spilled transaction through."""
+    content = _CONTENT
+    for event in events:
+        if type(event) in content:
+            counter[0] += 1
+        yield event
+
+
+class Receiver:
+    """Streams one slot into one sink until ``end_lsn``, a stop request, or an error."""
+
+    def __init__(
+        self,
+        options: ReceiverOptions,
+        sink: TransactionSink,
+        *,
+        on_progress: Callable[[ReceiverProgress], None] | None = None,
+    ) -> None:
+        self.options = options
+        self.sink = sink
+        self.on_progress = on_progress
+        self.progress = ReceiverProgress()
+        self._transactions = 0
+        self._changes = 0
+        self._bytes = 0
+        self._duplicates = 0
+        self._durable = INVALID_LSN
+        self._unflushed = False
+        # Keepalive wal_end seen while the assembler held nothing: every transaction that
+        # commits before it has been received.
+        self._idle_lsn = INVALID_LSN
+        self._next_flush = 0.0
+        self._stream: ReplicationStream | None = None
+        self._assembler: TransactionAssembler | None = None
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _connect(self) -> ReplicationConnection:
+        options = self.options
+        if options.preflight:
+            preflight.check(
+                options.conninfo,
+                slot=options.slot,
+                plugin=options.plugin,
+                publications=options.publications,
+                create_slot=options.create_slot,
+            )
+        conn = ReplicationConnection.connect(
+            options.conninfo,
+            options=session_options(options.conninfo),
+            application_name=options.application_name,
+        )
+        try:
+            if options.create_slot and not self._slot_exists(conn):
+                conn.create_replication_slot(
+                    options.slot, options.plugin, snapshot="nothing", two_phase=options.two_phase
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _slot_exists(self, conn: ReplicationConnection) -> bool:
+        name = self.options.slot.replace("'", "''")
+        result = conn.execute(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{name}'")
+        return bool(result.rows)
+
+    def _plugin(self, conn: ReplicationConnection) -> tuple[dict[str, str], Decoder]:
+        """START_REPLICATION options and the decoder for them."""
+        options = self.options
+        version = conn.server_version
+        if options.plugin == "pgoutput":
+            proto = options.proto_version or max_proto_version(version)
+            streaming = options.streaming
+            if streaming is None:
+                streaming = "on" if version >= STREAMING_SINCE and proto >= 2 else "off"
+            pg = PgOutputOptions(
+                options.publications,
+                proto_version=proto,
+                binary=options.binary,
+                messages=options.messages,
+                streaming=streaming,  # type: ignore[arg-type]
+                two_phase=options.two_phase,
+            )
+            plugin_options = {**pg.for_server(version), **options.plugin_options}
+            return plugin_options, PgOutputDecoder.for_options(pg)
+        plugin_options = {"include-xids": "1", "include-timestamp": "1"}
+        if options.two_phase:
+            plugin_options["two-phase-commit"] = "1"
+        plugin_options.update(options.plugin_options)
+        if plugin_options.get("stream-changes", "0").lower() in ("1", "on", "true", "yes"):
+            raise InvalidOption(
+                "stream-changes cannot be passed to test_decoding: it prints no row data for "
+                "streamed changes, so they would be lost; use pgoutput to stream"
+            )
+        encoding = pg2pyenc(conn.show("server_encoding").encode())
+        return plugin_options, TestDecodingDecoder(encoding=encoding)
+
+    # --- running -----------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> ReceiverProgress:
+        """Stream until ``end_lsn`` is stored or ``stop`` is set; flush, confirm and return the
+        final progress. Errors from the server, the decoder or the sink propagate typed, after
+        what was already received is flushed."""
+        stop = stop if stop is not None else threading.Event()
+        options = self.options
+        conn = self._connect()
+        stopped_by: str | None = None
+        try:
+            plugin_options, decoder = self._plugin(conn)
+            self._durable = self.sink.flush()
+            with TransactionAssembler(options.assembly) as assembler:
+                self._assembler = assembler
+                stream = conn.start_replication(
+                    options.slot,
+                    options.start_lsn or INVALID_LSN,
+                    plugin_options,
+                    status_interval=options.status_interval,
+                )
+                self._stream = stream
+                try:
+                    stopped_by = self._loop(stream, decoder, assembler, stop)
+                except BaseException:
+                    self._flush_quietly()
+                    raise
+                self._flush()
+                stream.stop()
+        finally:
+            self._stream = None
+            self._assembler = None
+            conn.close()
+        self._publish(stopped_by)
+        return self.progress
+
+    def _loop(
+        self,
+        stream: ReplicationStream,
+        decoder: Decoder,
+        assembler: TransactionAssembler,
+        stop: threading.Event,
+    ) -> str:
+        end_lsn = self.options.end_lsn
+        interval = self.options.fsync_interval
+        read = stream.read
+        decode = decoder.decode
+        feed = assembler.feed
+        store = self._store
+        clock = time.monotonic
+        self._next_flush = clock() + interval
+        while True:
+            if stop.is_set():
+                return "stop"
+            now = clock()
+            if self._unflushed and now >= self._next_flush:
+                self._flush()
+            wait = STOP_CHECK_SECONDS
+            if self._unflushed:
+                wait = min(wait, max(self._next_flush - now, 0.0))
+            message = read(wait)
+            if message is None:
+                continue
+            if type(message) is XLogData:
+                lsn = message.data_start
+                if end_lsn is not None and lsn > end_lsn:
+                    return "end_lsn"  # commits after end_lsn start here; leave them unread
+                payload = message.payload
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
+                size = len(payload)
+                self._bytes += size
+                events = decode(payload, lsn)
+                if len(events) > 1:
+                    size //= len(events)
+                for event in events:
+                    for txn in feed(event, size):
+                        store(txn)
+                if end_lsn is not None and lsn >= end_lsn:
+                    return "end_lsn"
+                continue
+            # A keepalive: the server has sent everything before wal_end.
+            if assembler.pending_transactions == 0 and message.wal_end > self._idle_lsn:
+                self._idle_lsn = message.wal_end
+                if not self._unflushed:
+                    self._confirm()
+            if end_lsn is not None and message.wal_end >= end_lsn:
+                return "end_lsn"
+            self._publish(None)
+
+    def _store(self, txn: CommittedTransaction) -> None:
+        sink = self.sink
+        if txn.commit_lsn <= sink.last_commit_lsn:
+            self._drop(txn)
+            return
+        events = txn.events
+        counter = [0]
+        if isinstance(events, tuple | list):
+            counts = collections.Counter(map(type, events))
+            counter[0] = sum(counts[kind] for kind in _CONTENT)
+        else:
+            txn = replace(txn, events=_counted(events, counter))
+        if not sink.append(txn):
+            self._drop(txn)
+            return
+        self._transactions += 1
+        self._changes += counter[0]
+        self._unflushed = True
+        if self.options.fsync_interval == 0:
+            self._flush()
+
+    def _drop(self, txn: CommittedTransaction) -> None:
+        self._duplicates += 1
+        close = getattr(txn.events, "close", None)
+        if close is not None:
+            close()  # a spilled transaction's file
+
+    def _flush(self) -> None:
+        self._durable = self.sink.flush()
+        self._unflushed = False
+        self._next_flush = time.monotonic() + self.options.fsync_interval
+        self._confirm()
+        self._publish(None)
+
+    def _flush_quietly(self) -> None:
+        """On the way out after an error: keep what was received (its transactions are whole),
+        and tell the server if the stream still works; the original error wins."""
+        try:
+            self._durable = self.sink.flush()
+            self._unflushed = False
+            stream = self._stream
+            if stream is not None and not stream.ended:
+                self._confirm()
+                stream.stop()
+        except Exception:  # the error being raised matters more
+            pass
+
+    def _confirm(self) -> None:
+        stream = self._stream
+        assembler = self._assembler
+        if stream is None or assembler is None or stream.ended:
+            return
+        target = self._durable
+        oldest = assembler.oldest_pending_lsn
+        if oldest is not None:
+            target = min(target, oldest)
+        elif not self._unflushed and self._idle_lsn > target:
+            target = self._idle_lsn
+        if target > stream.confirmed_lsn:
+            stream.confirm(LSN(target))
+
+    def _publish(self, stopped_by: str | None) -> None:
+        stream = self._stream
+        self.progress = ReceiverProgress(
+            transactions=self._transactions,
+            changes=self._changes,
+            bytes_received=self._bytes,
+            duplicates=self._duplicates,
+            durable_lsn=LSN(self._durable),
+            confirmed_lsn=stream.confirmed_lsn
+            if stream is not None
+            else self.progress.confirmed_lsn,
+            server_wal_end=stream.server_wal_end
+            if stream is not None
+            else self.progress.server_wal_end,
+            stopped_by=stopped_by,
+        )
+        if self.on_progress is not None:
+            self.on_progress(self.progress)

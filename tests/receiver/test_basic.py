@@ -1,0 +1,242 @@
+"""The receiver end to end on PostgreSQL 15 and 18: a workload goes through a real slot into the
+change log and comes back as the source committed it (pgoutput and test_decoding)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.changelog import ChangeLog
+from pgcdc.errors import InvalidOption, PublicationNotFound, SlotNotFound
+from pgcdc.lsn import LSN
+from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, session_options
+from pgcdc.transactions import CommittedTransaction
+from tests.conftest import Database
+
+from .helpers import Conn, Fact, current_lsn, key_only, logged_facts, slot_position
+
+XID = "SELECT (txid_current() % 4294967296)::bigint"
+
+
+def _xid(conn: Conn) -> int:
+    row = conn.execute(XID).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def workload(db: Database) -> list[tuple[int, list[Fact]]]:
+    """Run transactions; return (xid, changes) of each, in commit order, as the server saw them."""
+    expected: list[tuple[int, list[Fact]]] = []
+    with db.connect() as conn:
+        with conn.transaction():
+            xid = _xid(conn)
+            rows = conn.execute(
+                "INSERT INTO items SELECT g, 'name ' || g FROM generate_series(1, 5) g "
+                "RETURNING id::text, name"
+            ).fetchall()
+        expected.append((xid, [("I", "items", tuple(r)) for r in rows]))
+        with conn.transaction():
+            xid = _xid(conn)
+            rows = conn.execute(
+                "UPDATE items SET name = name || '!' WHERE id <= 2 RETURNING id::text, name"
+            ).fetchall()
+            deleted = conn.execute("DELETE FROM items WHERE id = 5 RETURNING id::text").fetchall()
+        changes: list[Fact] = [("U", "items", tuple(r)) for r in rows]
+        changes += [("D", "items", (r[0], None)) for r in deleted]
+        expected.append((xid, changes))
+        # Interleaved: the later begin commits first, so it must come first.
+        with db.connect() as other:
+            conn.execute("BEGIN")
+            first_xid = _xid(conn)
+            conn.execute("INSERT INTO items VALUES (100, 'first begun')")
+            with other.transaction():
+                second_xid = _xid(other)
+                other.execute("INSERT INTO items VALUES (200, 'first committed')")
+            conn.execute("COMMIT")
+        expected.append((second_xid, [("I", "items", ("200", "first committed"))]))
+        expected.append((first_xid, [("I", "items", ("100", "first begun"))]))
+        # Rolled back: must not appear.
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO items VALUES (300, 'rolled back')")
+        conn.execute("ROLLBACK")
+    return expected
+
+
+def setup(db: Database, plugin: str, slots: tuple[str, ...] = ("s",)) -> None:
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        for slot in slots:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
+
+
+def options(db: Database, plugin: str, end_lsn: LSN, **extra: Any) -> ReceiverOptions:
+    pubs = ("pub",) if plugin == "pgoutput" else ()
+    values: dict[str, Any] = {"slot": "s", "plugin": plugin, "publications": pubs}
+    values.update(extra)
+    return ReceiverOptions(db.conninfo(), end_lsn=end_lsn, **values)
+
+
+def compare(root: Path, expected: list[tuple[int, list[Fact]]]) -> None:
+    got = logged_facts(root)
+    assert [xid for xid, _ in got] == [xid for xid, _ in expected]
+    for (_, got_changes), (_, want) in zip(got, expected, strict=True):
+        assert key_only(got_changes) == key_only(want)
+        inserts_updates = [c for c in got_changes if c[0] != "D"]
+        assert inserts_updates == [c for c in want if c[0] != "D"]
+
+
+@pytest.mark.parametrize("plugin", ["pgoutput", "test_decoding"])
+def test_workload_reaches_the_change_log_as_committed(db: Database, tmp_path: Path, plugin: str):
+    setup(db, plugin)
+    expected = workload(db)
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    seen: list[ReceiverProgress] = []
+    with ChangeLog(tmp_path).writer() as sink:
+        receiver = Receiver(options(db, plugin, end), sink, on_progress=seen.append)
+        progress = receiver.run()
+        durable = sink.durable_lsn
+    compare(tmp_path, expected)
+    assert progress.stopped_by == "end_lsn"
+    assert progress.transactions >= len(expected)
+    assert progress.changes == sum(len(changes) for _, changes in expected)
+    assert progress.durable_lsn == durable
+    assert seen and seen[-1] == progress
+    confirmed, _, active = slot_position(db, "s")
+    assert not active
+    assert confirmed is not None and confirmed <= max(durable, progress.confirmed_lsn)
+    assert progress.confirmed_lsn == confirmed
+
+    # A second run from the slot's position stores nothing new.
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    with ChangeLog(tmp_path).writer() as sink:
+        again = Receiver(options(db, plugin, end), sink).run()
+    assert again.transactions == 0
+    compare(tmp_path, expected)
+
+
+class ListSink:
+    """A destination that stores whatever it is given, as a naive CLI output would: the
+    receiver alone must keep re-sent transactions out of it."""
+
+    def __init__(self) -> None:
+        self.transactions: list[CommittedTransaction] = []
+        self._last = LSN(0)
+
+    @property
+    def last_commit_lsn(self) -> LSN:
+        return self._last
+
+    def append(self, txn: CommittedTransaction) -> bool:
+        self.transactions.append(txn)
+        self._last = max(self._last, txn.commit_lsn)
+        return True
+
+    def flush(self) -> LSN:
+        return self.transactions[-1].end_lsn if self.transactions else LSN(0)
+
+
+def test_resent_transactions_are_dropped_by_the_receiver(db: Database):
+    setup(db, "pgoutput", slots=("s", "behind"))
+    expected = workload(db)
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    sink = ListSink()
+    first = Receiver(options(db, "pgoutput", end), sink).run()
+    stored = list(sink.transactions)
+    assert [t.xid for t in stored if t.xid is not None][-len(expected) :] == [
+        x for x, _ in expected
+    ]
+    # A slot still at the start re-sends all of it: the receiver drops every one.
+    behind = options(db, "pgoutput", end, slot="behind")
+    second = Receiver(behind, sink).run()
+    assert sink.transactions == stored
+    assert second.duplicates == first.transactions > 0
+    assert second.transactions == 0
+
+
+def test_session_settings_make_text_output_iso_and_utc(db: Database, tmp_path: Path):
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE times (id int PRIMARY KEY, t timestamptz, d date, i interval)")
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+        conn.execute(
+            "INSERT INTO times VALUES (1, '2024-02-29 23:30:00+05', '2024-02-29', "
+            "'1 year 2 mons 3 days 04:05:06')"
+        )
+        conn.execute("SET DateStyle = ISO; SET TimeZone = UTC; SET IntervalStyle = postgres")
+        row = conn.execute("SELECT id::text, t::text, d::text, i::text FROM times").fetchone()
+        end = current_lsn(conn)
+    assert row is not None
+    # The user's own session options point the other way; pgcdc's must win.
+    user = "-c DateStyle=German -c TimeZone=Asia/Tokyo -c IntervalStyle=sql_standard"
+    conninfo = db.conninfo(options=user)
+    assert session_options(conninfo).startswith(user)
+    opts = ReceiverOptions(conninfo, "s", publications=("pub",), end_lsn=end)
+    with ChangeLog(tmp_path).writer() as sink:
+        Receiver(opts, sink).run()
+    [(_, changes)] = logged_facts(tmp_path)
+    assert changes == [("I", "times", tuple(row))]
+
+
+def test_stop_event_flushes_confirms_and_returns(db: Database, tmp_path: Path):
+    setup(db, "pgoutput")
+    expected = workload(db)
+    stop = threading.Event()
+    results: list[ReceiverProgress] = []
+    with ChangeLog(tmp_path).writer() as sink:
+        receiver = Receiver(
+            ReceiverOptions(db.conninfo(), "s", publications=("pub",), fsync_interval=3600),
+            sink,
+            on_progress=lambda p: stop.set() if p.transactions >= len(expected) else None,
+        )
+        thread = threading.Thread(target=lambda: results.append(receiver.run(stop)))
+        thread.start()
+        # The long fsync interval never fires: only a keepalive-time progress or stop ends it.
+        thread.join(120)
+        if thread.is_alive():
+            stop.set()
+            thread.join(30)
+        assert not thread.is_alive()
+        durable = sink.durable_lsn
+    compare(tmp_path, expected)
+    [progress] = results
+    assert progress.stopped_by == "stop"
+    assert progress.durable_lsn == durable
+    confirmed, _, _ = slot_position(db, "s")
+    assert confirmed == progress.confirmed_lsn
+
+
+def test_misconfiguration_fails_early_with_typed_errors(db: Database, tmp_path: Path):
+    with db.connect() as conn:
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with ChangeLog(tmp_path).writer() as sink:
+        with pytest.raises(SlotNotFound, match="create_slot=True"):
+            Receiver(ReceiverOptions(db.conninfo(), "missing", publications=("pub",)), sink).run()
+        with pytest.raises(PublicationNotFound, match="CREATE PUBLICATION"):
+            Receiver(
+                ReceiverOptions(db.conninfo(), "s", publications=("nope",), create_slot=True),
+                sink,
+            ).run()
+    with pytest.raises(InvalidOption, match="publication"):
+        ReceiverOptions(db.conninfo(), "s")
+    with pytest.raises(InvalidOption, match="test_decoding"):
+        ReceiverOptions(db.conninfo(), "s", plugin="test_decoding", streaming="on")
+
+
+def test_create_slot_then_stream(db: Database, tmp_path: Path):
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    opts = ReceiverOptions(
+        db.conninfo(), "made", publications=("pub",), create_slot=True, end_lsn=LSN(1)
+    )
+    with ChangeLog(tmp_path).writer() as sink:
+        Receiver(opts, sink).run()
+    confirmed, _, _ = slot_position(db, "made")
+    assert confirmed is not None
