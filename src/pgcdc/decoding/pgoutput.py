@@ -14,6 +14,7 @@ objects instead of building one per change.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections.abc import Callable, Sequence
@@ -113,6 +114,34 @@ _NAMES = {
 _REPLICA_IDENTITY = {ord(r.value): r for r in ReplicaIdentity}
 
 
+_new_object = object.__new__
+
+
+def _field_setters(cls: type) -> tuple[Any, ...]:
+    """The slot setters of a frozen, slotted event class, in field order.
+
+    The generated ``__init__`` of a frozen dataclass sets each field through
+    ``object.__setattr__``, which costs more than reading the whole row; changes are built
+    with these setters instead. Only for classes without ``__post_init__``, so the constructor
+    does nothing else that would be skipped; the hot paths set every field.
+    """
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} validates in __post_init__: build it with its constructor")
+    return tuple(cls.__dict__[field.name].__set__ for field in dataclasses.fields(cls))
+
+
+_insert_lsn, _insert_table, _insert_new, _insert_xid = _field_setters(Insert)
+(
+    _update_lsn,
+    _update_table,
+    _update_new,
+    _update_old,
+    _update_old_is_key,
+    _update_xid,
+) = _field_setters(Update)
+_delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = _field_setters(Delete)
+
+
 def _time(micros: int) -> datetime:
     """PostgreSQL TimestampTz (microseconds since 2000-01-01 UTC) as an aware datetime."""
     return _PG_EPOCH + timedelta(microseconds=micros)
@@ -125,9 +154,58 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos:end].decode(), end + 1
 
 
-def _read_tuple(buf: bytes, pos: int, u16: Any = _U16, u32: Any = _U32) -> tuple[Row, int]:
-    """TupleData at ``pos``: the row and the position after it. The hot loop of decoding."""
-    (natts,) = u16(buf, pos)
+_KIND_LENGTH = struct.Struct("!BI").unpack_from  # column kind and (for t/b) value length
+# Appended before the fast tuple read so a NULL or unchanged last column can be read as kind
+# and length like the others; values never reach into it (checked once, at the end).
+_PAD = b"\0\0\0\0"
+
+
+def _read_tuple(buf: bytes, pos: int, kind_length: Any = _KIND_LENGTH) -> tuple[Row, int]:
+    """TupleData at ``pos``: the row and the position after it. The hot loop of decoding.
+
+    One ``struct`` call per column reads kind and length together; text values are slices of
+    one latin-1 decode of the message (so one object per value), and only values that are not
+    ASCII are decoded again as UTF-8, where latin-1 would differ. Anything unusual (unknown
+    kind, a value past the end) goes to ``_read_tuple_checked``, which says what is wrong.
+    """
+    (natts,) = _U16(buf, pos)
+    start = pos
+    pos += 2
+    size = len(buf)
+    padded = buf + _PAD
+    text = str(padded, "latin-1")
+    ascii = text.isascii()
+    values: list[RawValue] = [None] * natts
+    try:
+        for index in range(natts):
+            kind, length = kind_length(padded, pos)
+            if kind == _TEXT:
+                first = pos + 5
+                pos = first + length
+                value = text[first:pos]
+                values[index] = value if ascii or value.isascii() else padded[first:pos].decode()
+            elif kind == _NULL:
+                pos += 1
+            elif kind == _UNCHANGED:
+                values[index] = UNCHANGED_TOAST
+                pos += 1
+            elif kind == _BINARY:
+                first = pos + 5
+                pos = first + length
+                values[index] = padded[first:pos]
+            else:
+                return _read_tuple_checked(buf, start)
+    except struct.error:  # a length that points far past the end
+        return _read_tuple_checked(buf, start)
+    if pos > size:
+        return _read_tuple_checked(buf, start)
+    return tuple(values), pos
+
+
+def _read_tuple_checked(buf: bytes, pos: int) -> tuple[Row, int]:
+    """TupleData read one field at a time with every bound checked: the reference for
+    ``_read_tuple`` and the source of its error messages."""
+    (natts,) = _U16(buf, pos)
     pos += 2
     size = len(buf)
     values: list[RawValue] = []
@@ -136,7 +214,7 @@ def _read_tuple(buf: bytes, pos: int, u16: Any = _U16, u32: Any = _U32) -> tuple
         kind = buf[pos]
         pos += 1
         if kind == _TEXT:
-            (length,) = u32(buf, pos)
+            (length,) = _U32(buf, pos)
             pos += 4
             end = pos + length
             if end > size:
@@ -148,7 +226,7 @@ def _read_tuple(buf: bytes, pos: int, u16: Any = _U16, u32: Any = _U32) -> tuple
         elif kind == _UNCHANGED:
             append(UNCHANGED_TOAST)
         elif kind == _BINARY:
-            (length,) = u32(buf, pos)
+            (length,) = _U32(buf, pos)
             pos += 4
             end = pos + length
             if end > size:
@@ -243,11 +321,13 @@ class PgOutputDecoder:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore, (self._state, self.proto_version, self.streaming))
 
-    def decode(self, payload: bytes, lsn: LSN) -> list[Event]:
+    def decode(self, payload: bytes | memoryview, lsn: LSN) -> list[Event]:
         """The event in one pgoutput payload (always exactly one)."""
         return [self.decode_one(payload, lsn)]
 
-    def decode_one(self, payload: bytes, lsn: LSN) -> Event:
+    def decode_one(self, payload: bytes | memoryview, lsn: LSN) -> Event:
+        """The event in one payload: ``bytes``, or the ``memoryview`` the replication stream
+        hands out (copied once, since binary column values must outlive its buffer)."""
         if type(payload) is not bytes:
             payload = bytes(payload)
         try:
@@ -405,7 +485,12 @@ class PgOutputDecoder:
             self._check_end(buf, pos)
         if len(row) != len(table.columns):
             raise _width_error(row, table)
-        return Insert(lsn, table, row, xid)
+        event = _new_object(Insert)
+        _insert_lsn(event, lsn)
+        _insert_table(event, table)
+        _insert_new(event, row)
+        _insert_xid(event, xid)
+        return event
 
     def _update(self, buf: bytes, lsn: LSN) -> Event:
         xid, pos = self._stream_xid(buf)
@@ -424,7 +509,14 @@ class PgOutputDecoder:
             raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
         new, pos = self._row(buf, pos, table)
         self._check_end(buf, pos)
-        return Update(lsn, table, new, old, kind == _KEY, xid)
+        event = _new_object(Update)
+        _update_lsn(event, lsn)
+        _update_table(event, table)
+        _update_new(event, new)
+        _update_old(event, old)
+        _update_old_is_key(event, kind == _KEY)
+        _update_xid(event, xid)
+        return event
 
     def _delete(self, buf: bytes, lsn: LSN) -> Event:
         xid, pos = self._stream_xid(buf)
@@ -435,7 +527,13 @@ class PgOutputDecoder:
             raise DecodeError(f"expected 'K' (old key) or 'O' (old row), got {chr(kind)!r}")
         old, pos = self._row(buf, pos + 5, table)
         self._check_end(buf, pos)
-        return Delete(lsn, table, old, kind == _KEY, xid)
+        event = _new_object(Delete)
+        _delete_lsn(event, lsn)
+        _delete_table(event, table)
+        _delete_old(event, old)
+        _delete_old_is_key(event, kind == _KEY)
+        _delete_xid(event, xid)
+        return event
 
     def _truncate(self, buf: bytes, lsn: LSN) -> Event:
         xid, pos = self._stream_xid(buf)
