@@ -1,0 +1,99 @@
+"""What every ``pgcdc`` command shares: connection options, LSN and option parsing, messages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from psycopg import ProgrammingError
+from psycopg.conninfo import make_conninfo
+
+from pgcdc.errors import InvalidArgument
+from pgcdc.lsn import LSN
+
+PROG = "pgcdc"
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
+    """pg_recvlogical's connection options. Subcommands add them with SUPPRESS defaults, so a
+    value given before the subcommand name (``pgcdc -d X slots``) is kept."""
+    default: Any = None if top_level else argparse.SUPPRESS
+    group = parser.add_argument_group("connection options")
+    group.add_argument(
+        "-d", "--dbname", default=default, metavar="CONNSTR",
+        help="database to connect to: a name, a conninfo string or a postgresql:// URI",
+    )  # fmt: skip
+    group.add_argument("-h", "--host", default=default, help="database server host or socket dir")
+    group.add_argument("-p", "--port", default=default, help="database server port number")
+    group.add_argument("-U", "--username", default=default, metavar="NAME", help="user name")
+    group.add_argument(
+        "-w", "--no-password", action="store_true", default=default,
+        help="never prompt for a password (pgcdc never prompts; accepted for compatibility)",
+    )  # fmt: skip
+
+
+def add_help_argument(parser: argparse.ArgumentParser) -> None:
+    """``--help`` and ``-?`` as pg_recvlogical spells them (``-h`` is the host)."""
+    parser.add_argument("-?", "--help", action="help", help="show this help, then exit")
+
+
+def conninfo_from(args: argparse.Namespace) -> str:
+    """One libpq conninfo string from ``-d`` (name, conninfo or URI) and ``-h/-p/-U``."""
+    base = getattr(args, "dbname", None) or ""
+    overrides = {
+        key: value
+        for key, value in (
+            ("host", getattr(args, "host", None)),
+            ("port", getattr(args, "port", None)),
+            ("user", getattr(args, "username", None)),
+        )
+        if value
+    }
+    if base and "=" not in base and "://" not in base:
+        overrides["dbname"] = base  # a plain database name, as pg_recvlogical takes it
+        base = ""
+    try:
+        return make_conninfo(base, **overrides)
+    except ProgrammingError as error:
+        raise InvalidArgument(
+            f"invalid connection string {base!r}: {error}; give a database name, "
+            "'host=... dbname=...' or postgresql://user@host:port/dbname"
+        ) from None
+
+
+def lsn_argument(text: str) -> LSN:
+    """argparse type for -I/-E/--upto-lsn: "X/Y" as PostgreSQL prints LSNs."""
+    try:
+        return LSN.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def seconds_argument(text: str) -> float:
+    """argparse type for intervals in seconds: zero or more (0 turns the interval off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive number of seconds")
+    return value
+
+
+def plugin_option(text: str) -> tuple[str, str | None]:
+    """-o NAME[=VALUE], as pg_recvlogical splits it (at the first '=')."""
+    name, sep, value = text.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"option {text!r} has no name; use NAME or NAME=VALUE")
+    return name, value if sep else None
+
+
+def info(message: str) -> None:
+    """A progress or verbose line on stderr, prefixed like pg_recvlogical's."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def error_line(message: str) -> None:
+    """A typed error as one clear line (its first line; details follow on their own)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
