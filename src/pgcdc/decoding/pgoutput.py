@@ -195,7 +195,7 @@ def _read_tuple(buf: bytes, pos: int, kind_length: Any = _KIND_LENGTH) -> tuple[
                 values[index] = padded[first:pos]
             else:
                 return _read_tuple_checked(buf, start)
-    except struct.error:  # a length that points far past the end
+    except (struct.error, UnicodeDecodeError):  # a length past the end, or bad UTF-8
         return _read_tuple_checked(buf, start)
     if pos > size:
         return _read_tuple_checked(buf, start)
