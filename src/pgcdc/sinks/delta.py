@@ -82,7 +82,7 @@ class WriteResult:
 # --- preparing a batch -----------------------------------------------------------------------
 
 
-def _prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table]:
+def prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table]:
     """Validate, convert to Delta types and order by (commit LSN, seq)."""
     normalized = c.normalize(spec, changes)
     dspec = replace(spec, schema=delta_schema(spec.schema))
@@ -102,7 +102,7 @@ def _prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Tabl
     return dspec, table.take(order)
 
 
-def _changelog_schema(dspec: c.TableSpec) -> pa.Schema:
+def changelog_schema(dspec: c.TableSpec) -> pa.Schema:
     meta = [
         pa.field(f.name, LSN_TYPE if f.type == pa.uint64() else f.type) for f in c.METADATA_FIELDS
     ]
@@ -257,7 +257,7 @@ def _take(changes: pa.Table, column: str, rows: Sequence[int]) -> pa.Array:
 def _write_changelog(
     path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
 ) -> None:
-    _, schema = _ensure(path, _changelog_schema(dspec), dspec, so)
+    _, schema = _ensure(path, changelog_schema(dspec), dspec, so)
     write_deltalake(
         path,
         align(changes, schema),
@@ -441,7 +441,7 @@ def write_table(
             return WriteResult(spec.qualified_name, kind, path, False, 0)
     if changes.num_rows == 0:
         return WriteResult(spec.qualified_name, kind, path, False, 0)
-    dspec, prepared = _prepare(spec, changes)
+    dspec, prepared = prepare(spec, changes)
     _WRITERS[kind](path, dspec, prepared, _commit(app_id, version), storage_options)
     return WriteResult(spec.qualified_name, kind, path, True, prepared.num_rows)
 

@@ -1,0 +1,218 @@
+"""The Delta pipeline: one Spark streaming query over the change log writing every captured
+table's changelog / mirror / history with ``pgcdc.sinks``, exactly once.
+
+Executors type the changes (``format=chunks``: one row per run of a table's typed changes);
+``foreachBatch`` collects the batch once, orders each table's runs by (commit LSN, seq) and
+writes them. A table whose definition changes inside a batch (a column added or dropped) has
+several runs: run *r* of every table is written as Delta application transaction version
+``batch_id * 1024 + r``, so each write has one ``TableSpec`` and a replayed batch (after a
+crash) is skipped table by table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc.decoding.state import table_from_dict
+from pgcdc.errors import InvalidOption, SinkError
+from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
+from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
+
+log = logging.getLogger(__name__)
+
+RUNS_PER_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Where the pipeline reads and writes, and what it writes."""
+
+    changelog: str
+    lake: str
+    checkpoint: str
+    kinds: tuple[SinkKind, ...] = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
+    table_kinds: Mapping[str, tuple[SinkKind, ...]] = field(default_factory=dict)
+    consumer: str = "pipeline"
+    trigger_interval: float = 5.0
+    max_changes_per_batch: int | None = None
+    max_bytes_per_batch: int | None = None
+    storage_options: dict[str, str] | None = None
+    query_name: str = "pgcdc"
+
+    @property
+    def app_id(self) -> str:
+        """Delta application id: the checkpoint's identity (one query writes each checkpoint)."""
+        identity = self.checkpoint
+        if "://" not in identity:
+            identity = str(Path(identity).resolve())
+        return "pgcdc-" + hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One run of one table's typed changes, as an executor produced it."""
+
+    table: str
+    definition: str
+    first: tuple[int, int]
+    changes: pa.Table
+
+
+def chunks_from_rows(rows: Iterable[Any]) -> list[Chunk]:
+    """Spark rows of ``format=chunks`` (collected once) to chunks."""
+    return [
+        Chunk(
+            row["table"],
+            row["definition"],
+            (row["first_commit_lsn"], row["first_seq"]),
+            read_ipc(bytes(row["chunk"])),
+        )
+        for row in rows
+    ]
+
+
+def rounds(chunks: Sequence[Chunk]) -> list[list[tuple[TableSpec, pa.Table]]]:
+    """Group chunks per table into consecutive runs under one definition, in log order;
+    round r holds every table's r-th run."""
+    per_table: dict[str, list[Chunk]] = defaultdict(list)
+    for chunk in chunks:
+        per_table[chunk.table].append(chunk)
+    result: list[list[tuple[TableSpec, pa.Table]]] = []
+    for table_chunks in per_table.values():
+        table_chunks.sort(key=lambda ch: ch.first)
+        runs: list[list[Chunk]] = []
+        for chunk in table_chunks:
+            if (
+                runs
+                and runs[-1][-1].definition == chunk.definition
+                and _same_schema(runs[-1][-1], chunk)
+            ):
+                runs[-1].append(chunk)
+            else:
+                runs.append([chunk])
+        for index, run in enumerate(runs):
+            table = table_from_dict(json.loads(run[0].definition))
+            spec = spec_for(table, run[0].changes.schema)
+            data = pa.concat_tables([ch.changes for ch in run])
+            while len(result) <= index:
+                result.append([])
+            result[index].append((spec, data))
+    if len(result) > RUNS_PER_BATCH:
+        raise SinkError(
+            f"a micro-batch holds {len(result)} definitions of one table (more than "
+            f"{RUNS_PER_BATCH}); lower maxChangesPerBatch so fewer schema changes share a batch"
+        )
+    return result
+
+
+def _same_schema(a: Chunk, b: Chunk) -> bool:
+    return bool(a.changes.schema.equals(b.changes.schema))
+
+
+def write_chunks(sink: DeltaSink, batch_id: int, chunks: Sequence[Chunk]) -> list[WriteResult]:
+    """Write one micro-batch exactly once (versions ``batch_id * 1024 + round``)."""
+    results: list[WriteResult] = []
+    for index, batch in enumerate(rounds(chunks)):
+        results += sink.write_batch(batch_id * RUNS_PER_BATCH + index, batch)
+    return results
+
+
+def make_sink(config: PipelineConfig) -> DeltaSink:
+    return DeltaSink(
+        config.lake,
+        app_id=config.app_id,
+        kinds=config.kinds,
+        table_kinds=config.table_kinds,
+        storage_options=config.storage_options,
+    )
+
+
+def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str) -> Any:
+    """A SparkSession with the pgcdc data source registered (workers run this interpreter)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    defaults = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+    for key, value in {**defaults, **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.dataSource.register(PgcdcDataSource)
+    return spark
+
+
+def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) -> Any:
+    """Start the streaming query; returns the ``StreamingQuery``."""
+    reader = (
+        spark.readStream.format("pgcdc")
+        .option("path", config.changelog)
+        .option("format", "chunks")
+        .option("consumer", config.consumer)
+    )
+    if config.max_changes_per_batch is not None:
+        reader = reader.option("maxChangesPerBatch", str(config.max_changes_per_batch))
+    if config.max_bytes_per_batch is not None:
+        reader = reader.option("maxBytesPerBatch", str(config.max_bytes_per_batch))
+    sink = make_sink(config)
+
+    def apply(frame: Any, batch_id: int) -> None:
+        chunks = chunks_from_rows(frame.collect())
+        results = write_chunks(sink, batch_id, chunks)
+        written = sum(r.rows for r in results if r.applied)
+        log.info("batch %d: %d chunks, %d rows written", batch_id, len(chunks), written)
+
+    writer = (
+        reader.load()
+        .writeStream.queryName(config.query_name)
+        .option("checkpointLocation", config.checkpoint)
+        .foreachBatch(apply)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.trigger_interval} seconds")
+    return writer.start()
+
+
+def run_once(spark: Any, config: PipelineConfig) -> None:
+    """Drain what the change log holds now (Trigger.AvailableNow) and return."""
+    query = start(spark, config, available_now=True)
+    query.awaitTermination()
+    error = query.exception()
+    if error is not None:
+        raise SinkError(f"the pipeline query failed: {error}")
+
+
+def parse_kinds(names: Collection[str]) -> tuple[SinkKind, ...]:
+    try:
+        return tuple(SinkKind(n.strip()) for n in names)
+    except ValueError:
+        raise InvalidOption(
+            f"unknown table kind in {sorted(names)}; use changelog, mirror and/or history"
+        ) from None
+
+
+__all__ = [
+    "Chunk",
+    "PipelineConfig",
+    "chunks_from_rows",
+    "make_sink",
+    "parse_kinds",
+    "rounds",
+    "run_once",
+    "spark_session",
+    "start",
+    "write_chunks",
+]

@@ -1,0 +1,172 @@
+"""Shared pieces of the pipeline tests: filling a change log from a real slot, a randomized
+workload over five tables, and reading the source back for comparison."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from pgcdc.changelog import ChangeLog
+from pgcdc.connection.sql import get_binary_changes
+from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
+from pgcdc.transactions import CommittedTransaction, TransactionAssembler
+
+SLOT = "s"
+PUBLICATION = "pub"
+
+# Table -> (key columns, or () for none). Created after the slot, as the issue asks.
+TABLES: dict[str, tuple[str, ...]] = {
+    "public.accounts": ("id",),
+    "public.orders": ("region", "id"),
+    "public.docs": ("id",),
+    "public.audit": ("id", "note"),  # REPLICA IDENTITY FULL, no primary key
+    "public.events": (),  # no key at all: changelog only
+}
+
+
+def prepare_source(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR ALL TABLES")
+    conn.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
+    conn.execute(
+        "CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance numeric(12, 2), "
+        "opened timestamptz, active bool)"
+    )
+    conn.execute("CREATE TABLE orders (region text, id bigint, qty int, PRIMARY KEY (region, id))")
+    conn.execute("CREATE TABLE docs (id int PRIMARY KEY, title text, body text, blob bytea)")
+    # Out of line, uncompressed: an UPDATE of another column leaves body as unchanged TOAST.
+    conn.execute("ALTER TABLE docs ALTER body SET STORAGE EXTERNAL")
+    conn.execute("CREATE TABLE audit (id int, note text)")
+    conn.execute("ALTER TABLE audit REPLICA IDENTITY FULL")
+    conn.execute("CREATE TABLE events (kind text, payload text)")
+
+
+def drain(
+    conn: psycopg.Connection[Any], log: ChangeLog, **writer_options: Any
+) -> list[CommittedTransaction]:
+    """Move everything the slot has into the change log; return the transactions."""
+    options = PgOutputOptions([PUBLICATION], proto_version=1, messages=True)
+    server = conn.pgconn.server_version
+    rows = get_binary_changes(conn, SLOT, options=options.for_server(server))
+    decoder = PgOutputDecoder.for_options(options)
+    logged = []
+    with TransactionAssembler() as assembler, log.writer(**writer_options) as writer:
+        for row in rows:
+            for txn in assembler.feed_all(decoder.decode(row.data, row.lsn)):
+                writer.append(txn)
+                logged.append(txn)
+        writer.flush()
+    return logged
+
+
+def _big(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghij") for _ in range(10)) * rng.randint(250, 400)
+
+
+@dataclass
+class Workload:
+    """Random changes over the five tables; ``samples`` holds (wal lsn, source state)."""
+
+    rng: random.Random
+    next_id: int = 1
+    samples: list[tuple[int, dict[str, list[dict[str, Any]]]]] = field(default_factory=list)
+    added_column: bool = False
+
+    def step(self, conn: psycopg.Connection[Any]) -> None:
+        rng = self.rng
+        with conn.transaction():
+            for _ in range(rng.randint(1, 6)):
+                self._one(conn)
+
+    def _one(self, conn: psycopg.Connection[Any]) -> None:
+        rng = self.rng
+        choice = rng.random()
+        i = self.next_id
+        self.next_id += 1
+        if choice < 0.35:
+            conn.execute(
+                "INSERT INTO accounts (id, owner, balance, opened, active) VALUES "
+                "(%s, %s, %s, now() - %s * interval '1 hour', %s)",
+                (i, f"owner {i}", Decimal(rng.randint(0, 10**6)) / 100, i, rng.random() < 0.5),
+            )
+            conn.execute(
+                "INSERT INTO orders VALUES (%s, %s, %s)", (rng.choice("NSEW"), i, rng.randint(1, 9))
+            )
+            conn.execute(
+                "INSERT INTO docs (id, title, body, blob) VALUES (%s, %s, %s, %s)",
+                (i, f"doc {i}", _big(rng), bytes([i % 256, 0, 255])),
+            )
+            conn.execute("INSERT INTO audit VALUES (%s, %s)", (i, rng.choice(["a", "b", None])))
+            conn.execute("INSERT INTO events VALUES ('insert', %s)", (str(i),))
+        elif choice < 0.55:
+            conn.execute(
+                "UPDATE accounts SET balance = balance + 1, active = NOT active "
+                "WHERE id IN (SELECT id FROM accounts ORDER BY random() LIMIT 3)"
+            )
+            conn.execute(
+                "UPDATE orders SET qty = qty + 1 WHERE id IN "
+                "(SELECT id FROM orders ORDER BY random() LIMIT 2)"
+            )
+            # Leaves body unchanged (TOAST not sent).
+            conn.execute(
+                "UPDATE docs SET title = title || '+' WHERE id IN "
+                "(SELECT id FROM docs ORDER BY random() LIMIT 2)"
+            )
+            conn.execute("UPDATE audit SET note = 'u' WHERE id IN (SELECT id FROM audit LIMIT 1)")
+        elif choice < 0.65:
+            # Key updates: the row moves, its TOASTed body stays unchanged.
+            conn.execute(
+                "UPDATE docs SET id = id + 100000 WHERE id IN "
+                "(SELECT id FROM docs WHERE id < 100000 ORDER BY random() LIMIT 1)"
+            )
+            conn.execute(
+                "UPDATE orders SET region = region || 'x' WHERE id IN "
+                "(SELECT id FROM orders ORDER BY random() LIMIT 1)"
+            )
+            conn.execute(
+                "UPDATE accounts SET id = -id WHERE id IN "
+                "(SELECT id FROM accounts WHERE id > 0 ORDER BY random() LIMIT 1)"
+            )
+        elif choice < 0.8:
+            conn.execute(
+                "DELETE FROM accounts WHERE id IN (SELECT id FROM accounts ORDER BY random() "
+                "LIMIT 2)"
+            )
+            conn.execute(
+                "DELETE FROM docs WHERE id IN (SELECT id FROM docs ORDER BY random() LIMIT 1)"
+            )
+            conn.execute(
+                "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY random() LIMIT 1)"
+            )
+            conn.execute("DELETE FROM orders WHERE id IN (SELECT id FROM orders LIMIT 1)")
+        elif choice < 0.84:
+            conn.execute("TRUNCATE orders")
+        elif choice < 0.87 and not self.added_column:
+            conn.execute("ALTER TABLE accounts ADD COLUMN note text")
+            self.added_column = True
+        elif self.added_column:
+            conn.execute(
+                "UPDATE accounts SET note = %s WHERE id IN (SELECT id FROM accounts LIMIT 2)",
+                (f"n{i}",),
+            )
+
+    def sample(self, conn: psycopg.Connection[Any]) -> None:
+        lsn = int(str(conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0]))  # type: ignore[index]
+        self.samples.append((lsn, source_state(conn)))
+
+
+def source_state(conn: psycopg.Connection[Any]) -> dict[str, list[dict[str, Any]]]:
+    state = {}
+    for name in TABLES:
+        cursor = conn.execute(f"SELECT * FROM {name}")
+        assert cursor.description is not None
+        columns = [d.name for d in cursor.description]
+        state[name] = sort_rows([dict(zip(columns, row, strict=True)) for row in cursor])
+    return state
+
+
+def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: tuple((v is None, str(v)) for v in r.values()))
