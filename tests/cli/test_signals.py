@@ -5,24 +5,28 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from tests.cli.helpers import CLI
+from tests.conftest import Database
 
 
-def slot_row(db, slot):
+def slot_row(db: Database, slot: str) -> tuple[Any, ...]:
+    """(active, active_pid, confirmed_flush_lsn); (False, None, None) when there is no slot."""
     rows = db.execute(
         "SELECT active, active_pid, confirmed_flush_lsn::text FROM pg_replication_slots "
         "WHERE slot_name = %s",
         (slot,),
     )
-    return rows[0] if rows else None
+    return rows[0] if rows else (False, None, None)
 
 
-def json_lines(path):
+def json_lines(path: Path) -> list[Any]:
     text = path.read_text() if path.exists() else ""
     return [json.loads(line) for line in text.splitlines()]
 
@@ -39,7 +43,7 @@ def test_signal_during_start_flushes_confirms_and_exits_0(db, tmp_path, signum):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        wait_until(lambda: (slot_row(db, "sig") or (False,))[0], timeout=60)
+        wait_until(lambda: slot_row(db, "sig")[0], timeout=60)
         for i in range(3):
             db.execute("INSERT INTO t VALUES (%s, %s)", (i, f"row {i}"))
         written = wait_until(lambda: len(lines := json_lines(out)) == 3 and lines, timeout=60)

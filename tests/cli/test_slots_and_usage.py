@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pgcdc.cli.main import main
 from tests.cli.helpers import current_lsn, pgcdc
+from tests.conftest import Database
 
 
-def slot_plugin(db, name):
+def slot_plugin(db: Database, name: str) -> Any:
     return db.scalar("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (name,))
 
 
@@ -60,7 +63,6 @@ def test_create_and_start_together_with_startpos_and_endpos(db, tmp_path):
     created = pgcdc("--create-slot", "-S", "s", "-P", "test_decoding", "-d", db.conninfo())
     assert created.returncode == 0, created.stderr
     db.execute("INSERT INTO t VALUES (1)")
-    after_first = current_lsn(db)
     db.execute("INSERT INTO t VALUES (2)")
     after_second = current_lsn(db)
     db.execute("INSERT INTO t VALUES (3)")
