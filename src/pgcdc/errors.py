@@ -170,8 +170,8 @@ class UnresolvedToastError(SinkError):
 
 class MissingOutputData(DecodeError):
     """The plugin's output is well formed but lacks what an event needs (test_decoding prints no
-    row data for streamed changes, and no timestamps without include-timestamp); decoding on
-    would lose data, so the message names the plugin option that supplies it."""
+    row data for streamed changes); decoding on would lose data, so the message says which plugin
+    option to change."""
 
 
 # --- transaction assembly (pgcdc.transactions) -----------------------------------------------
