@@ -29,6 +29,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc.decoding.values import (
     BoundedList,
@@ -334,10 +335,73 @@ def _converter(resolved: ResolvedType, data_type: pa.DataType, options: ArrowOpt
 # --- rows to a record batch --------------------------------------------------------------------
 
 
+# --- vectorised text columns ---------------------------------------------------------------------
+#
+# A column whose values all arrived as text is built as one Arrow string array and cast with
+# Arrow compute, where that cast reads PostgreSQL's output exactly as the per-value codecs do.
+# Whatever the cast rejects (NaN, infinity, BC, offsets with seconds, values too large, binary
+# input, unchanged TOAST values) sends the whole column down the per-value path, which keeps
+# the text form or raises the DecodeError that explains it; the fast path never decides alone.
+
+_UUID_TEXT = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_TEXT_ONLY = frozenset({str, type(None)})
+_IDENTITY_TEXT = frozenset(
+    {"text", "varchar", "bpchar", "name", "json", "jsonb", "xml", "enum", "bit", "varbit"}
+)
+_CAST_TEXT = frozenset({"int2", "int4", "int8", "float8", "date", "timestamp", "timestamptz"})
+
+
+def _bool_column(strings: pa.Array) -> pa.Array | None:
+    is_true = pc.equal(strings, "t")
+    known = pc.or_(is_true, pc.equal(strings, "f"))
+    return is_true if pc.all(known).as_py() is not False else None
+
+
+def _uuid_column(strings: pa.Array) -> pa.Array | None:
+    canonical = pc.match_substring_regex(strings, _UUID_TEXT)
+    return strings if pc.all(canonical).as_py() is not False else None
+
+
+def _fast_kind(resolved: ResolvedType, data_type: pa.DataType, options: ArrowOptions) -> str | None:
+    """How a text column of this type is built vectorised, or None (per value only)."""
+    name = resolved.name
+    if name in _IDENTITY_TEXT and pa.types.is_string(data_type):
+        return "identity"
+    if name == "uuid" and pa.types.is_string(data_type):
+        return "uuid"
+    if name == "bool":
+        return "bool"
+    if name in _CAST_TEXT and options.temporal == "precise":
+        return "cast"
+    if name == "numeric" and pa.types.is_decimal(data_type):
+        return "cast"  # NaN and +/-Infinity fail the cast: per value, into the text map
+    return None
+
+
+def _fast_column(kind: str, values: Sequence[RawValue], data_type: pa.DataType) -> pa.Array | None:
+    """The column built with Arrow compute, or None when the per-value path must decide."""
+    if not set(map(type, values)) <= _TEXT_ONLY:
+        return None
+    strings = pa.array(values, type=pa.string())
+    if strings.null_count == len(strings):
+        return pa.nulls(len(strings), type=data_type)
+    if kind == "identity":
+        return strings
+    if kind == "uuid":
+        return _uuid_column(strings)
+    if kind == "bool":
+        return _bool_column(strings)
+    try:
+        return pc.cast(strings, data_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     schema: pa.Schema
     columns: tuple[tuple[Codec, Converter], ...]
+    fast: tuple[str | None, ...]
 
 
 _plans: dict[tuple[int, int, ArrowOptions], tuple[Table, TypeRegistry, _Plan]] = {}
@@ -350,11 +414,14 @@ def _plan(table: Table, registry: TypeRegistry, options: ArrowOptions) -> _Plan:
         return entry[2]
     schema = arrow_schema(table, registry, options)
     columns = []
+    fast = []
     for column, field in zip(table.columns, schema, strict=False):
         codec = registry.codec(column.type_oid)
-        convert = _converter(registry.resolve(column.type_oid), field.type, options)
+        resolved = registry.resolve(column.type_oid)
+        convert = _converter(resolved, field.type, options)
         columns.append((codec, convert))
-    plan = _Plan(schema, tuple(columns))
+        fast.append(_fast_kind(resolved, field.type, options))
+    plan = _Plan(schema, tuple(columns), tuple(fast))
     if len(_plans) >= 4096:
         _plans.clear()
     # The entry holds the table and registry, so their ids cannot be reused while cached.
@@ -382,14 +449,20 @@ def rows_to_arrow(
     unchanged: list[list[str]] = [[] for _ in rows]
     texts: list[list[tuple[str, str]] | None] = [None] * len(rows)
     arrays: list[pa.Array] = []
+    by_column = list(zip(*rows, strict=True)) if rows else [()] * width
     for index, (column, (codec, convert)) in enumerate(
         zip(table.columns, plan.columns, strict=True)
     ):
+        kind = plan.fast[index]
+        if kind is not None:
+            fast = _fast_column(kind, by_column[index], plan.schema.field(index).type)
+            if fast is not None:
+                arrays.append(fast)
+                continue
         text, binary = codec.text, codec.binary
         values: list[Any] = []
         append = values.append
-        for number, row in enumerate(rows):
-            raw = row[index]
+        for number, raw in enumerate(by_column[index]):
             if raw is None:
                 append(None)
                 continue
