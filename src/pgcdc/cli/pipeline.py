@@ -1,0 +1,103 @@
+"""``pgcdc pipeline run``: PostgreSQL -> change log -> Spark -> Delta Lake.
+
+Settings come from ``--config pipeline.toml`` (see ``pgcdc.pipeline``) with flags on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from pgcdc.cli.common import add_connection_arguments, add_help_argument, conninfo_from, info
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("pipeline", help="run the Spark pipeline into Delta Lake tables")
+    actions = parser.add_subparsers(dest="pipeline_command", metavar="ACTION", required=True)
+    run = actions.add_parser(
+        "run",
+        add_help=False,
+        help="stream changes into changelog/mirror/history Delta tables",
+        description="Receive changes from a slot into the change log and stream them with "
+        "Spark into Delta tables, exactly once. Flags override the config file.",
+    )
+    add_help_argument(run)
+    run.add_argument("--config", metavar="FILE", help="pipeline TOML file (see docs/pipeline.md)")
+    add_connection_arguments(run, top_level=False)
+    run.add_argument("--slot", "-S", help="replication slot (default pgcdc)")
+    run.add_argument(
+        "--publication", "-P", action="append", dest="publications", metavar="NAME",
+        help="publication to stream (repeat for several; default pgcdc)",
+    )  # fmt: skip
+    run.add_argument(
+        "--no-create-slot", dest="create_slot", action="store_const", const=False, default=None,
+        help="fail when the slot does not exist instead of creating it",
+    )  # fmt: skip
+    run.add_argument("--changelog", metavar="PATH", help="change log root (default ./changelog)")
+    run.add_argument("--lake", metavar="PATH", help="Delta tables root (default ./lake)")
+    run.add_argument("--checkpoint", metavar="PATH", help="Spark checkpoint (default ./checkpoint)")
+    run.add_argument(
+        "--kinds", type=lambda s: [k for k in s.split(",") if k], metavar="LIST",
+        help="table kinds: changelog,mirror,history (default all three)",
+    )  # fmt: skip
+    run.add_argument("--master", help="Spark master URL (default local[*])")
+    run.add_argument("--trigger-interval", type=float, metavar="SECONDS", help="default 5")
+    run.add_argument("--max-changes-per-batch", type=_positive_int, metavar="N")
+    run.add_argument("--max-bytes-per-batch", type=_positive_int, metavar="N")
+    run.add_argument(
+        "--once", action="store_true",
+        help="drain what the server has now (up to its current WAL position) and exit",
+    )  # fmt: skip
+    run.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from pgcdc import pipeline
+
+    given_connection = any(
+        getattr(args, name, None) for name in ("dbname", "host", "port", "username")
+    )
+    settings = pipeline.load(
+        args.config,
+        {
+            "conninfo": conninfo_from(args) if given_connection else None,
+            "slot": args.slot,
+            "publications": args.publications,
+            "create_slot": args.create_slot,
+            "changelog": args.changelog,
+            "lake": args.lake,
+            "checkpoint": args.checkpoint,
+            "kinds": args.kinds,
+            "master": args.master,
+            "trigger_interval": args.trigger_interval,
+            "max_changes_per_batch": args.max_changes_per_batch,
+            "max_bytes_per_batch": args.max_bytes_per_batch,
+        },
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        info(f"signal {signum}: stopping the pipeline")
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        info(f"pipeline: {settings.changelog} -> {settings.lake} (master {settings.master})")
+        pipeline.run(settings, once=args.once, stop=stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,232 @@
+"""``pgcdc pipeline run``: configuration (a TOML file, flags on top) and orchestration of the
+receiver (slot -> change log, in a thread) and the Spark query (change log -> Delta).
+
+Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipeline.md)::
+
+    [source]
+    conninfo = "host=db dbname=app user=cdc"
+    slot = "pgcdc"
+    publications = ["pgcdc"]
+    create_slot = true
+
+    [paths]
+    changelog = "./changelog"
+    lake = "./lake"
+    checkpoint = "./checkpoint"
+
+    [tables]
+    kinds = ["changelog", "mirror", "history"]
+    "public.big_events" = ["changelog"]
+
+    [spark]
+    master = "local[*]"
+    trigger_interval = 5.0
+    max_changes_per_batch = 200000
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgcdc.changelog import ChangeLog
+from pgcdc.errors import InvalidOption, PgcdcError
+from pgcdc.lsn import LSN
+from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
+from pgcdc.sinks import SinkKind
+from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, run_once, spark_session, start
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``pipeline run`` needs."""
+
+    conninfo: str
+    slot: str = "pgcdc"
+    publications: tuple[str, ...] = ("pgcdc",)
+    create_slot: bool = True
+    changelog: str = "./changelog"
+    lake: str = "./lake"
+    checkpoint: str = "./checkpoint"
+    kinds: tuple[SinkKind, ...] = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
+    table_kinds: Mapping[str, tuple[SinkKind, ...]] = field(default_factory=dict)
+    master: str = "local[*]"
+    trigger_interval: float = 5.0
+    max_changes_per_batch: int | None = None
+    max_bytes_per_batch: int | None = None
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    def pipeline(self) -> PipelineConfig:
+        return PipelineConfig(
+            changelog=self.changelog,
+            lake=self.lake,
+            checkpoint=self.checkpoint,
+            kinds=self.kinds,
+            table_kinds=dict(self.table_kinds),
+            trigger_interval=self.trigger_interval,
+            max_changes_per_batch=self.max_changes_per_batch,
+            max_bytes_per_batch=self.max_bytes_per_batch,
+        )
+
+    def receiver(self, end_lsn: LSN | None = None) -> ReceiverOptions:
+        return ReceiverOptions(
+            conninfo=self.conninfo,
+            slot=self.slot,
+            publications=self.publications,
+            create_slot=self.create_slot,
+            end_lsn=end_lsn,
+            fsync_interval=1.0,
+            status_interval=5.0,
+        )
+
+
+_KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
+    # settings field: (TOML table, key, type)
+    "conninfo": ("source", "conninfo", str),
+    "slot": ("source", "slot", str),
+    "publications": ("source", "publications", list),
+    "create_slot": ("source", "create_slot", bool),
+    "changelog": ("paths", "changelog", str),
+    "lake": ("paths", "lake", str),
+    "checkpoint": ("paths", "checkpoint", str),
+    "master": ("spark", "master", str),
+    "trigger_interval": ("spark", "trigger_interval", (int, float)),
+    "max_changes_per_batch": ("spark", "max_changes_per_batch", int),
+    "max_bytes_per_batch": ("spark", "max_bytes_per_batch", int),
+    "spark_conf": ("spark", "conf", dict),
+}
+
+
+def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
+    """Settings from a TOML file (optional) with ``overrides`` (non-None flag values) on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise InvalidOption(f"cannot read the pipeline config {path}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidOption(f"{path} is not valid TOML: {exc}") from None
+    values: dict[str, Any] = {}
+    for name, (section, key, kind) in _KEYS.items():
+        table = data.get(section, {})
+        if key in table:
+            if not isinstance(table[key], kind) or isinstance(table[key], bool) != (kind is bool):
+                raise InvalidOption(f"[{section}] {key} = {table[key]!r} has the wrong type")
+            values[name] = table[key]
+    tables = dict(data.get("tables", {}))
+    if "kinds" in tables:
+        values["kinds"] = parse_kinds(tables.pop("kinds"))
+    values["table_kinds"] = {name: parse_kinds(kinds) for name, kinds in tables.items()}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if (
+        isinstance(values.get("kinds"), list | tuple)
+        and values["kinds"]
+        and isinstance(values["kinds"][0], str)
+    ):
+        values["kinds"] = parse_kinds(values["kinds"])
+    if "publications" in values:
+        values["publications"] = tuple(values["publications"])
+    if not values.get("conninfo"):
+        raise InvalidOption(
+            "no source database: pass -d/--dbname (a conninfo or URI) or set [source] conninfo "
+            "in the config file"
+        )
+    return Settings(**values)
+
+
+def current_wal_lsn(conninfo: str) -> LSN:
+    """The server's current WAL insert position: what ``--once`` drains up to."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return LSN.parse(row[0])
+
+
+def receive(
+    settings: Settings, end_lsn: LSN | None, stop: threading.Event | None
+) -> ReceiverProgress:
+    """Run the receiver into the change log until ``end_lsn`` or ``stop``."""
+    with ChangeLog(settings.changelog).writer() as writer:
+        return Receiver(settings.receiver(end_lsn), writer).run(stop)
+
+
+class _Thread(threading.Thread):
+    """A thread that keeps the exception its target raised, for the main thread to re-raise."""
+
+    def __init__(self, target: Callable[[], Any], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._work = target
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._work()
+        except BaseException as exc:  # handed to the main thread
+            self.error = exc
+
+
+@contextlib.contextmanager
+def _session(settings: Settings) -> Iterator[Any]:
+    spark = spark_session(settings.master, "pgcdc-pipeline", **dict(settings.spark_conf))
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def run(
+    settings: Settings,
+    *,
+    once: bool = False,
+    stop: threading.Event | None = None,
+    spark: Any = None,
+    on_tick: Callable[[Any], None] | None = None,
+    tick_seconds: float = 5.0,
+) -> None:
+    """Run the pipeline. ``once``: drain what the server has now and return. Otherwise run
+    until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly."""
+    stop = stop or threading.Event()
+    with contextlib.ExitStack() as stack:
+        if spark is None:
+            spark = stack.enter_context(_session(settings))
+        if once:
+            receive(settings, current_wal_lsn(settings.conninfo), None)
+            run_once(spark, settings.pipeline())
+            return
+        receiver = _Thread(lambda: receive(settings, None, stop), "pgcdc-receiver")
+        receiver.start()
+        query = start(spark, settings.pipeline())
+        try:
+            while not stop.is_set():
+                if receiver.error is not None or not query.isActive:
+                    break
+                if on_tick is not None:
+                    on_tick(spark)
+                stop.wait(tick_seconds)
+        finally:
+            stop.set()
+            query.stop()
+            receiver.join()
+        if receiver.error is not None:
+            raise receiver.error
+        error = query.exception()
+        if error is not None:
+            raise PgcdcError(f"the pipeline query failed: {error}")
+
+
+def with_overrides(settings: Settings, **changes: Any) -> Settings:
+    return replace(settings, **changes)
+
+
+__all__ = ["Settings", "current_wal_lsn", "load", "receive", "run", "with_overrides"]
