@@ -56,6 +56,7 @@ STREAMING_SINCE = 140000
 SESSION_SETTINGS = (("DateStyle", "ISO"), ("IntervalStyle", "postgres"), ("TimeZone", "UTC"))
 # How long a quiet read may block before the stop event is looked at again.
 STOP_CHECK_SECONDS = 0.2
+BURST_MESSAGES = 1024
 _CONTENT = (Insert, Update, Delete, Truncate, Message)
 
 
@@ -299,13 +300,9 @@ class Receiver:
         stop: threading.Event,
     ) -> str:
         end_lsn = self.options.end_lsn
-        interval = self.options.fsync_interval
         read = stream.read
-        decode = decoder.decode
-        feed = assembler.feed
-        store = self._store
         clock = time.monotonic
-        self._next_flush = clock() + interval
+        self._next_flush = clock() + self.options.fsync_interval
         while True:
             if stop.is_set():
                 return "stop"
@@ -316,34 +313,56 @@ class Receiver:
             if self._unflushed:
                 wait = min(wait, max(self._next_flush - now, 0.0))
             message = read(wait)
-            if message is None:
-                continue
-            if type(message) is XLogData:
-                lsn = message.data_start
-                if end_lsn is not None and lsn > end_lsn:
-                    return "end_lsn"  # commits after end_lsn start here; leave them unread
-                payload = message.payload
-                if type(payload) is not bytes:
-                    payload = bytes(payload)
-                size = len(payload)
-                self._bytes += size
-                events = decode(payload, lsn)
-                if len(events) > 1:
-                    size //= len(events)
-                for event in events:
-                    for txn in feed(event, size):
-                        store(txn)
-                if end_lsn is not None and lsn >= end_lsn:
-                    return "end_lsn"
-                continue
-            # A keepalive: the server has sent everything before wal_end.
-            if assembler.pending_transactions == 0 and message.wal_end > self._idle_lsn:
-                self._idle_lsn = message.wal_end
-                if not self._unflushed:
-                    self._confirm()
-            if end_lsn is not None and message.wal_end >= end_lsn:
-                return "end_lsn"
-            self._publish(None)
+            # Messages already received are handled in a burst; stop and the flush clock are
+            # looked at between bursts.
+            burst = 0
+            while message is not None:
+                if type(message) is XLogData:
+                    if self._xlog(message, decoder, assembler, end_lsn):
+                        return "end_lsn"
+                else:
+                    # A keepalive: the server has sent everything before wal_end.
+                    wal_end = message.wal_end
+                    if assembler.pending_transactions == 0 and wal_end > self._idle_lsn:
+                        self._idle_lsn = wal_end
+                        if not self._unflushed:
+                            self._confirm()
+                    if end_lsn is not None and wal_end >= end_lsn:
+                        return "end_lsn"
+                    self._publish(None)
+                burst += 1
+                if burst >= BURST_MESSAGES:
+                    break
+                message = read(0)
+
+    def _xlog(
+        self,
+        message: XLogData,
+        decoder: Decoder,
+        assembler: TransactionAssembler,
+        end_lsn: LSN | None,
+    ) -> bool:
+        """Decode, assemble and store one message; True when ``end_lsn`` has been reached."""
+        lsn = message.data_start
+        if end_lsn is not None and lsn > end_lsn:
+            return True  # commits after end_lsn start here; leave them unread
+        payload = message.payload
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        size = len(payload)
+        self._bytes += size
+        feed = assembler.feed
+        if type(decoder) is PgOutputDecoder:
+            for txn in feed(decoder.decode_one(payload, lsn), size):
+                self._store(txn)
+        else:
+            events = decoder.decode(payload, lsn)
+            if len(events) > 1:
+                size //= len(events)
+            for event in events:
+                for txn in feed(event, size):
+                    self._store(txn)
+        return end_lsn is not None and lsn >= end_lsn
 
     def _store(self, txn: CommittedTransaction) -> None:
         sink = self.sink

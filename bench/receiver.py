@@ -1,0 +1,92 @@
+"""The receiver's end-to-end rate next to pg_recvlogical's, on the same WAL, in the same run.
+
+Two slots are created at the same position, then a workload commits ``--rows`` rows in
+transactions of ``--txn-rows``. Slot 1 is drained by ``pg_recvlogical`` into /dev/null (pgoutput,
+the receiver's options); slot 2 by ``pgcdc.receiver.Receiver`` into a change log on local disk
+(decoded, assembled, encoded to Arrow, fsync'd every 10 s). Target (issue 4): 0.9 or better.
+
+    python3 bench/receiver.py [--rows 500000] [--txn-rows 100] [--version 18]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg
+
+from common import current_lsn, pg_recvlogical_drain, print_figure, start_cluster
+from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.pgoutput import PgOutputOptions, max_proto_version
+from pgcdc.lsn import LSN
+from pgcdc.receiver import Receiver, ReceiverOptions
+
+SCHEMA = (
+    "CREATE TABLE orders (id bigint PRIMARY KEY, customer text, qty int, price numeric(12,2),"
+    " at timestamptz)",
+    "CREATE PUBLICATION pub FOR ALL TABLES",
+)
+INSERT = (
+    "INSERT INTO orders SELECT g, 'customer ' || (g %% 977), g %% 50, g / 7.0, "
+    "'2024-01-01'::timestamptz + g * interval '1 second' "
+    "FROM generate_series(%s::bigint, %s::bigint) g"
+)
+
+
+def workload(conn: psycopg.Connection, rows: int, txn_rows: int) -> LSN:
+    for first in range(1, rows + 1, txn_rows):
+        conn.execute(INSERT, (first, min(first + txn_rows - 1, rows)))
+    return current_lsn(conn)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--txn-rows", type=int, default=100)
+    parser.add_argument("--version", default="18", choices=["15", "18"])
+    args = parser.parse_args()
+
+    cluster = start_cluster(args.version)
+    try:
+        with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+            for sql in SCHEMA:
+                conn.execute(sql)
+            for slot in ("recv", "pgcdc"):
+                conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            endpos = workload(conn, args.rows, args.txn_rows)
+            server = conn.info.server_version
+        proto = max_proto_version(server)
+        pairs = PgOutputOptions(
+            ["pub"], proto_version=proto, messages=True, streaming="on" if proto >= 2 else "off"
+        ).for_server(server)
+        recv_seconds = pg_recvlogical_drain(cluster, "postgres", "recv", endpos, pairs)
+
+        options = ReceiverOptions(
+            cluster.conninfo(), "pgcdc", publications=("pub",), end_lsn=endpos
+        )
+        with tempfile.TemporaryDirectory(prefix="pgcdc-bench-") as root:
+            with ChangeLog(root).writer() as sink:
+                started = time.perf_counter()
+                progress = Receiver(options, sink).run()
+                receiver_seconds = time.perf_counter() - started
+            logged = sum(1 for _ in ChangeLog(root).read_transactions())
+    finally:
+        cluster.destroy()
+
+    if progress.changes != args.rows:
+        print(f"WARNING: the receiver logged {progress.changes} changes, expected {args.rows}")
+    print(f"PostgreSQL {args.version}, pgoutput proto {proto}, {args.rows:,} rows in "
+          f"{progress.transactions:,} transactions ({logged:,} in the log), "
+          f"{progress.bytes_received / 1e6:,.1f} MB of payload")  # fmt: skip
+    recv_rate = args.rows / recv_seconds
+    print_figure("pg_recvlogical -> /dev/null", recv_rate, "rows/s")
+    print_figure("pgcdc receiver -> change log", args.rows / receiver_seconds, "rows/s", recv_rate)
+
+
+if __name__ == "__main__":
+    main()
