@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from pgcdc.changelog import ChangeLog
-from pgcdc.errors import InvalidOption, PublicationNotFound, SlotNotFound
+from pgcdc.errors import (
+    ConnectionLost,
+    InvalidOption,
+    PublicationNotFound,
+    ReplicationStreamError,
+    SlotNotFound,
+)
+from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, session_options
 from pgcdc.transactions import CommittedTransaction
@@ -240,3 +247,36 @@ def test_create_slot_then_stream(db: Database, tmp_path: Path):
         Receiver(opts, sink).run()
     confirmed, _, _ = slot_position(db, "made")
     assert confirmed is not None
+
+
+def test_terminated_walsender_surfaces_typed_error_after_keeping_what_arrived(
+    db: Database, tmp_path: Path
+):
+    setup(db, "pgoutput")
+    expected = workload(db)
+    errors: list[BaseException] = []
+    progress: list[ReceiverProgress] = []
+    opts = ReceiverOptions(
+        db.conninfo(), "s", publications=("pub",), application_name="pgcdc_doomed"
+    )
+    with ChangeLog(tmp_path).writer() as sink:
+        receiver = Receiver(opts, sink, on_progress=progress.append)
+
+        def run() -> None:
+            try:
+                receiver.run()
+            except BaseException as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_until(lambda: any(p.transactions >= len(expected) for p in progress) or errors)
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_replication "
+            "WHERE application_name = 'pgcdc_doomed'"
+        )
+        thread.join(60)
+        assert not thread.is_alive()
+    [error] = errors
+    assert isinstance(error, ReplicationStreamError | ConnectionLost), error
+    compare(tmp_path, expected)  # what arrived before the error is kept
