@@ -1,0 +1,165 @@
+"""End-to-end pipeline rate (source commit -> Delta mirror) next to pg_recvlogical's drain rate
+on the same WAL in the same run, and commit-to-visible latency at a steady change rate.
+
+    python3 bench/pipeline.py [--scale 1.0] [--master local[*]] [--latency-seconds 20]
+
+Scale 1 is the issue's workload: 1M inserts, 500k updates, 500k deletes (target ratio 0.5).
+Latency: a steady 5k changes/s with a probe row per second; p50 of the time from its commit
+until the Delta mirror shows it (target under 5 s). Figures only, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg
+
+from common import (
+    create_slots,
+    current_lsn,
+    pg_recvlogical_drain,
+    print_figure,
+    start_cluster,
+)
+from pgcdc import pipeline
+from pgcdc.sinks import read_table
+from pgcdc.spark.pipeline import parse_kinds, spark_session
+
+CHUNK = 20_000
+
+
+def _workload(conn: psycopg.Connection, rows: int) -> int:
+    """Inserts ``rows``, updates and deletes half of them; returns the changes made."""
+    for start in range(0, rows, CHUNK):
+        conn.execute(
+            "INSERT INTO bench SELECT g, g %% 1000, md5(g::text) "
+            "FROM generate_series(%s::int, %s::int) g",
+            (start, min(rows, start + CHUNK) - 1),
+        )
+    half = rows // 2
+    for start in range(0, half, CHUNK):
+        conn.execute(
+            "UPDATE bench SET v = v + 1 WHERE id >= %s AND id < %s",
+            (start, min(half, start + CHUNK)),
+        )
+    for start in range(half, rows, CHUNK):
+        conn.execute(
+            "DELETE FROM bench WHERE id >= %s AND id < %s", (start, min(rows, start + CHUNK))
+        )
+    return rows + half + (rows - half)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--latency-rate", type=float, default=5000.0)
+    args = parser.parse_args()
+    rows = max(1000, int(1_000_000 * args.scale))
+    cluster = start_cluster("18")
+    work = Path(tempfile.mkdtemp(prefix="pgcdc-bench-pipeline-"))
+    try:
+        conninfo = cluster.conninfo()
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench (id int PRIMARY KEY, v int, pad text)")
+            conn.execute("CREATE TABLE probe (id int PRIMARY KEY, at timestamptz)")
+            conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+            create_slots(conn, "pgoutput", ["pgcdc", "recv"])
+            print(
+                f"workload: {rows:,} inserts, {rows // 2:,} updates, {rows - rows // 2:,} deletes"
+            )
+            changes = _workload(conn, rows)
+            end = current_lsn(conn)
+
+        recv = pg_recvlogical_drain(
+            cluster, "postgres", "recv", end, {"proto_version": "1", "publication_names": "pub"}
+        )
+        settings = pipeline.Settings(
+            conninfo=conninfo,
+            slot="pgcdc",
+            publications=("pub",),
+            changelog=str(work / "log"),
+            lake=str(work / "lake"),
+            checkpoint=str(work / "checkpoint"),
+            kinds=parse_kinds(["changelog", "mirror"]),
+            master=args.master,
+            trigger_interval=1.0,
+        )
+        spark = spark_session(
+            args.master, "pgcdc-bench", **{"spark.ui.showConsoleProgress": "false"}
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        started = time.perf_counter()
+        pipeline.run(settings, once=True, spark=spark)
+        took = time.perf_counter() - started
+        print_figure(
+            "end-to-end (slot -> Delta mirror)", changes / took, "changes/s", changes / recv
+        )
+        print("target ratio: 0.5")
+
+        _latency(conninfo, settings, spark, args.latency_seconds, args.latency_rate)
+        spark.stop()
+    finally:
+        cluster.destroy()
+
+
+def _latency(
+    conninfo: str, settings: pipeline.Settings, spark: object, seconds: float, rate: float
+) -> None:
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=pipeline.run, args=(settings,), kwargs={"stop": stop, "spark": spark}, daemon=True
+    )
+    runner.start()
+    committed: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    mirror = Path(settings.lake) / "public" / "probe" / "mirror"
+
+    def watch() -> None:
+        while not stop.is_set():
+            if mirror.exists():
+                now = time.time()
+                for probe in read_table(mirror).column("id").to_pylist():
+                    seen.setdefault(probe, now)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    per_tick = max(1, int(rate / 10))
+    deadline = time.monotonic() + seconds
+    base = 10_000_000
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        tick = probe = 0
+        while time.monotonic() < deadline:
+            conn.execute(
+                "INSERT INTO bench SELECT g, 0, 'x' FROM generate_series(%s::int, %s::int) g",
+                (base + tick * per_tick, base + (tick + 1) * per_tick - 1),
+            )
+            tick += 1
+            if tick % 10 == 0:
+                conn.execute("INSERT INTO probe VALUES (%s, now())", (probe,))
+                committed[probe] = time.time()
+                probe += 1
+            time.sleep(0.1)
+    wait_until = time.monotonic() + 60
+    while len(seen) < len(committed) and time.monotonic() < wait_until:
+        time.sleep(0.5)
+    stop.set()
+    runner.join()
+    latencies = [seen[p] - committed[p] for p in committed if p in seen]
+    if latencies:
+        print_figure("commit-to-visible latency p50", statistics.median(latencies), "s")
+        print(f"  ({len(latencies)}/{len(committed)} probes seen; target p50 under 5 s)")
+
+
+if __name__ == "__main__":
+    main()
