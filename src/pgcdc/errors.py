@@ -209,3 +209,16 @@ class SlotMismatch(ConfigurationError):
 class OutputError(PgcdcError):
     """An output file of ``pgcdc --start`` cannot be opened or written, or a change cannot be
     written in the chosen ``--format``; the message says which and what to use instead."""
+
+
+class InvalidRowValue(PgcdcError, TypeError):
+    """A row holds a value that is not a raw server value (str, bytes, None or
+    UNCHANGED_TOAST), so it cannot be put in TupleData wire form."""
+
+
+# --- the initial snapshot (pgcdc.snapshot) ---------------------------------------------------
+
+
+class SnapshotError(PgcdcError):
+    """The initial snapshot could not be taken or stored; the slot it created was dropped, so
+    it can be retried as it stands once the cause is fixed."""

@@ -6,15 +6,22 @@ them: ``str`` for text format, ``bytes`` for binary format, ``None`` for SQL NUL
 ``UNCHANGED_TOAST`` for a TOASTed value the server did not send because it did not change.
 ``pgcdc.decoding.values`` turns them into typed Python or Arrow values; keeping them raw here is
 what lets the receiver log changes without paying for type conversion it does not need.
+
+A ``Row`` is any sequence of raw values: a ``tuple``, or an ``EncodedRow`` that keeps the row in
+pgoutput's TupleData wire form and decodes it only when a value is looked at. The receiver logs
+``EncodedRow`` bytes as they came; the Spark executors decode them, in parallel.
 """
 
 from __future__ import annotations
 
 import enum
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeAlias
+from typing import Any, TypeAlias, overload
 
+from pgcdc.errors import DecodeError, InvalidRowValue
 from pgcdc.lsn import LSN
 
 
@@ -30,7 +37,186 @@ class Unchanged(enum.Enum):
 UNCHANGED_TOAST = Unchanged.TOAST
 
 RawValue: TypeAlias = str | bytes | Unchanged | None
-Row: TypeAlias = tuple[RawValue, ...]
+
+# TupleData column kinds (pgoutput's proto.c).
+_NULL, _UNCHANGED, _TEXT, _BINARY = b"n"[0], b"u"[0], b"t"[0], b"b"[0]
+_KIND_LENGTH = struct.Struct("!BI").unpack_from
+_NCOLS = struct.Struct("!H")
+_LENGTH = struct.Struct("!I").pack
+# Lets a NULL or unchanged last column be read as kind + length like the others.
+_PAD = b"\0\0\0\0"
+
+
+def decode_tuple_data(data: bytes) -> tuple[RawValue, ...]:
+    """The raw values of TupleData ``data`` (the whole of it: ncols, then the columns).
+
+    Text is read as one latin-1 string sliced per value (one object per value) and only
+    non-ASCII values are decoded again as UTF-8 (``surrogatepass``, so rows built from
+    ``str`` values with lone surrogates round-trip). Malformed data raises ``DecodeError``.
+    """
+    try:
+        (natts,) = _NCOLS.unpack_from(data, 0)
+    except struct.error:
+        raise DecodeError(f"TupleData of {len(data)} bytes has no column count") from None
+    padded = data + _PAD
+    text = str(padded, "latin-1")
+    ascii = text.isascii()
+    values: list[RawValue] = [None] * natts
+    kind_length = _KIND_LENGTH
+    pos = 2
+    try:
+        for index in range(natts):
+            kind, length = kind_length(padded, pos)
+            if kind == _TEXT:
+                first = pos + 5
+                pos = first + length
+                value = text[first:pos]
+                if not (ascii or value.isascii()):
+                    value = padded[first:pos].decode("utf-8", "surrogatepass")
+                values[index] = value
+            elif kind == _NULL:
+                pos += 1
+            elif kind == _UNCHANGED:
+                values[index] = UNCHANGED_TOAST
+                pos += 1
+            elif kind == _BINARY:
+                first = pos + 5
+                pos = first + length
+                values[index] = padded[first:pos]
+            else:
+                raise DecodeError(f"unknown column kind {kind!r} (expected n, u, t or b)")
+    except struct.error:
+        raise DecodeError(f"TupleData of {len(data)} bytes ends inside a column") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"a text column value is not UTF-8: {exc}") from None
+    if pos != len(data):
+        raise DecodeError(
+            f"TupleData framing ends at byte {pos} of {len(data)}: truncated or trailing bytes"
+        )
+    return tuple(values)
+
+
+def encode_tuple_data(row: Sequence[RawValue]) -> bytes:
+    """``row`` in TupleData wire form: ``str`` as 't' (UTF-8, ``surrogatepass``), ``bytes`` as
+    'b', ``None`` as 'n', ``UNCHANGED_TOAST`` as 'u'."""
+    if type(row) is EncodedRow:
+        return row.data
+    if len(row) > 0xFFFF:
+        raise InvalidRowValue(f"a row of {len(row)} columns does not fit TupleData (at most 65535)")
+    parts = [_NCOLS.pack(len(row))]
+    append = parts.append
+    for value in row:
+        if type(value) is str:
+            data = value.encode("utf-8", "surrogatepass")
+            append(b"t" + _LENGTH(len(data)))
+            append(data)
+        elif value is None:
+            append(b"n")
+        elif type(value) is bytes:
+            append(b"b" + _LENGTH(len(value)))
+            append(value)
+        elif value is UNCHANGED_TOAST:
+            append(b"u")
+        elif isinstance(value, str | bytes):  # subclasses: store the plain value
+            plain = str(value) if isinstance(value, str) else bytes(value)
+            append(encode_tuple_data((plain,))[2:])
+        else:
+            raise InvalidRowValue(
+                f"row value {value!r} of type {type(value).__name__} cannot be encoded: rows "
+                "hold str, bytes, None or UNCHANGED_TOAST as the server sent them"
+            )
+    return b"".join(parts)
+
+
+class EncodedRow(Sequence[RawValue]):
+    """An immutable row kept as pgoutput TupleData bytes, decoded on first use (then cached).
+
+    It behaves as the tuple of its raw values (length, indexing, iteration, equality with
+    tuples and other rows, hash, repr) and pickles as its bytes. ``len`` reads the column count
+    without decoding. The bytes are trusted to be well formed: the pgoutput decoder validates
+    the framing before it makes one, and ``from_values`` builds them.
+    """
+
+    __slots__ = ("_data", "_values")
+
+    _data: bytes
+    _values: tuple[RawValue, ...] | None
+
+    def __init__(self, data: bytes) -> None:
+        object.__setattr__(self, "_data", bytes(data) if type(data) is not bytes else data)
+        object.__setattr__(self, "_values", None)
+
+    @classmethod
+    def from_values(cls, row: Sequence[RawValue]) -> EncodedRow:
+        """A tuple row (or any sequence of raw values) as an EncodedRow."""
+        if type(row) is EncodedRow:
+            return row
+        encoded = cls(encode_tuple_data(row))
+        if type(row) is tuple:
+            object.__setattr__(encoded, "_values", row)
+        return encoded
+
+    @property
+    def data(self) -> bytes:
+        """The TupleData bytes: int16 column count, then each column."""
+        return self._data
+
+    @property
+    def values(self) -> tuple[RawValue, ...]:
+        values = self._values
+        if values is None:
+            values = decode_tuple_data(self._data)
+            object.__setattr__(self, "_values", values)
+        return values
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"EncodedRow is immutable (cannot set {name})")
+
+    def __len__(self) -> int:
+        values = self._values
+        if values is not None:
+            return len(values)
+        return int(_NCOLS.unpack_from(self._data, 0)[0])
+
+    @overload
+    def __getitem__(self, index: int) -> RawValue: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[RawValue, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> RawValue | tuple[RawValue, ...]:
+        return self.values[index]
+
+    def __iter__(self) -> Iterator[RawValue]:
+        return iter(self.values)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.values
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is EncodedRow:
+            # The encoding is canonical: equal bytes exactly when equal values.
+            return self._data == other._data
+        if isinstance(other, tuple):
+            return self.values == other
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self.values)
+
+    def __repr__(self) -> str:
+        return f"EncodedRow({self.values!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EncodedRow, (self._data,))
+
+
+Row: TypeAlias = Sequence[RawValue]
+"""A tuple of raw values or an ``EncodedRow``."""
 
 
 class ReplicaIdentity(enum.Enum):

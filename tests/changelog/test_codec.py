@@ -92,12 +92,15 @@ def test_rows_are_readable_as_arrow():
     assert [r["kind"] for r in rows[:4]] == ["type", "relation", "insert", "update"]
     insert = rows[2]
     assert insert["relation_oid"] == TABLE.oid and insert["name"] == "accounts"
-    assert insert["new"] == [
-        {"kind": ord("t"), "value": b"1"},
-        {"kind": ord("t"), "value": "text é \udcff".encode("utf-8", "surrogatepass")},
-        {"kind": ord("b"), "value": b"\x00\x01bin"},
-    ]
-    assert rows[3]["new"][1] == {"kind": ord("u"), "value": None}
+    # Rows are pgoutput TupleData: int16 ncols, then kind (+ int32 length + bytes).
+    text = "text é \udcff".encode("utf-8", "surrogatepass")
+    assert insert["new"] == (
+        b"\x00\x03"
+        + b"t\x00\x00\x00\x011"
+        + b"t" + len(text).to_bytes(4, "big") + text
+        + b"b\x00\x00\x00\x05\x00\x01bin"
+    )  # fmt: skip
+    assert rows[3]["new"] == b"\x00\x03t\x00\x00\x00\x011un"
     assert rows[3]["old_is_key"] is True
     assert rows[7]["truncate_relations"] == [TABLE.oid, OTHER.oid]
     assert [r["seq"] for r in rows] == list(range(len(rows)))

@@ -12,6 +12,7 @@ import pytest
 
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.segments import FRAME_HEADER_SIZE, parse_frame_header
+from pgcdc.events import decode_tuple_data
 
 from .memory_probe import VALUE
 
@@ -55,7 +56,8 @@ def test_large_transaction_streams_in_bounded_memory(tmp_path):
     for batch in log.read_segment(info.path):
         names = batch.column("new").to_pylist()
         for row in names:
-            assert row[0]["value"] == str(seen).encode()
-            assert row[1]["value"] == VALUE.encode()
+            values = decode_tuple_data(row)  # rows are logged as TupleData bytes
+            assert values[0] == str(seen)
+            assert values[1] == VALUE
             seen += 1
     assert seen == ROWS

@@ -130,7 +130,7 @@ def _mirror(events: list[Event], table_name: str, key: str) -> dict[RawValue, tu
             names = [c.name for c in event.table.columns]
             k = names.index(key)
         if isinstance(event, Insert) and event.table.name == table_name:
-            rows[event.new[k]] = event.new
+            rows[event.new[k]] = tuple(event.new)
         elif isinstance(event, Update) and event.table.name == table_name:
             old_key = event.old[k] if event.old is not None else event.new[k]
             previous = rows.pop(old_key)

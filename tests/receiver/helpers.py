@@ -45,11 +45,11 @@ def facts(txn: CommittedTransaction) -> list[Fact]:
     out: list[Fact] = []
     for event in txn.events:
         if isinstance(event, Insert):
-            out.append(("I", event.table.name, event.new))
+            out.append(("I", event.table.name, tuple(event.new)))
         elif isinstance(event, Update):
-            out.append(("U", event.table.name, event.new))
+            out.append(("U", event.table.name, tuple(event.new)))
         elif isinstance(event, Delete):
-            out.append(("D", event.table.name, event.old))
+            out.append(("D", event.table.name, tuple(event.old)))
     return out
 
 

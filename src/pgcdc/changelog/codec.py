@@ -1,8 +1,11 @@
 """Committed transactions <-> Arrow record batches, with one fixed schema for every event kind.
 
-One schema keeps the log readable by Spark without knowing the tables in advance: rows stay raw
-(as ``pgcdc.events`` holds them) in ``list<struct<kind, value>>`` columns, and each change row
-carries its table definition as dictionary-encoded JSON, so a batch can be interpreted alone.
+One schema keeps the log readable by Spark without knowing the tables in advance: rows stay raw,
+in pgoutput's TupleData wire form (``int16 ncols``, then per column ``n`` | ``u`` | ``t`` or
+``b`` + int32 length + bytes) in ``binary`` columns, exactly as the receiver got them, and each
+change row carries its table definition as dictionary-encoded JSON, so a batch can be
+interpreted alone. Reading gives ``EncodedRow``s, decoded where they are used (the Spark
+executors). Format 2; format 1 (``list<struct<kind, value>>`` rows) is not read.
 Pure functions: no IO here.
 """
 
@@ -19,14 +22,13 @@ import pyarrow as pa
 from pgcdc.decoding import state as decoder_state
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.state import table_to_dict, type_to_dict
-from pgcdc.errors import CorruptChangeLog, UnloggableInput
+from pgcdc.errors import CorruptChangeLog, InvalidRowValue, UnloggableInput
 from pgcdc.events import (
-    UNCHANGED_TOAST,
     Delete,
+    EncodedRow,
     Event,
     Insert,
     Message,
-    RawValue,
     Relation,
     Row,
     Table,
@@ -34,11 +36,12 @@ from pgcdc.events import (
     Type,
     Unchanged,
     Update,
+    encode_tuple_data,
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Value kinds inside a row, as in pgoutput's TupleData.
 VALUE_NULL = ord("n")
@@ -61,8 +64,7 @@ KINDS: tuple[str, ...] = (
 _KIND_INDEX = {kind: index for index, kind in enumerate(KINDS)}
 _KIND_DICTIONARY = pa.array(KINDS, pa.string())
 
-ROW_VALUE_TYPE = pa.struct([("kind", pa.uint8()), ("value", pa.binary())])
-ROW_TYPE = pa.list_(pa.field("item", ROW_VALUE_TYPE, nullable=False))
+ROW_TYPE = pa.binary()
 KIND_TYPE = pa.dictionary(pa.int8(), pa.string())
 TABLE_TYPE = pa.dictionary(pa.int32(), pa.string())
 OUTCOME_TYPE = pa.dictionary(pa.int8(), pa.string())
@@ -179,66 +181,14 @@ def _check_lsn(value: int, what: str) -> int:
     return value
 
 
-def _row_values(row: Row) -> tuple[list[int], list[bytes | None], int]:
-    """A row's value kinds and bytes, and its size; an unloggable value raises first."""
-    kinds: list[int] = []
-    values: list[bytes | None] = []
-    size = 0
-    for value in row:
-        if isinstance(value, str):
-            data = value.encode("utf-8", "surrogatepass")
-            kinds.append(VALUE_TEXT)
-            values.append(data)
-            size += len(data)
-        elif isinstance(value, bytes):
-            kinds.append(VALUE_BINARY)
-            values.append(value)
-            size += len(value)
-        elif value is None:
-            kinds.append(VALUE_NULL)
-            values.append(None)
-        elif value is UNCHANGED_TOAST:
-            kinds.append(VALUE_UNCHANGED_TOAST)
-            values.append(None)
-        else:
-            raise UnloggableInput(
-                f"row value {value!r} of type {type(value).__name__} cannot be logged: "
-                "rows hold str, bytes, None or UNCHANGED_TOAST as the server sent them"
-            )
-    return kinds, values, size
-
-
-class _RowColumn:
-    """Builds a ``list<struct<kind, value>>`` column from flat lists, without per-value dicts."""
-
-    __slots__ = ("kinds", "mask", "offsets", "values")
-
-    def __init__(self) -> None:
-        self.offsets: list[int] = [0]
-        self.kinds: list[int] = []
-        self.values: list[bytes | None] = []
-        self.mask: list[bool] = []
-
-    def append(self, row: tuple[list[int], list[bytes | None], int] | None) -> None:
-        if row is None:
-            self.mask.append(True)
-        else:
-            self.mask.append(False)
-            self.kinds.extend(row[0])
-            self.values.extend(row[1])
-        self.offsets.append(len(self.kinds))
-
-    def build(self) -> pa.Array:
-        values = pa.StructArray.from_arrays(
-            [pa.array(self.kinds, pa.uint8()), pa.array(self.values, pa.binary())],
-            fields=list(ROW_VALUE_TYPE),
-        )
-        return pa.ListArray.from_arrays(
-            pa.array(self.offsets, pa.int32()),
-            values,
-            type=ROW_TYPE,
-            mask=pa.array(self.mask, pa.bool_()),
-        )
+def _row_data(row: Row) -> bytes:
+    """A row's TupleData bytes: an ``EncodedRow``'s as they are, a tuple's encoded once."""
+    if type(row) is EncodedRow:
+        return row.data
+    try:
+        return encode_tuple_data(row)
+    except InvalidRowValue as exc:
+        raise UnloggableInput(f"{exc}; it cannot be logged") from None
 
 
 def _uint(value: int | None, bits: int, what: str) -> int | None:
@@ -262,11 +212,46 @@ def _text(value: str | None, what: str) -> str | None:
     return value
 
 
+# Columns set once per transaction, per table, per event, and only by some event kinds.
+_TXN_FIELDS = (
+    "commit_lsn",
+    "end_lsn",
+    "xid",
+    "commit_time",
+    "origin",
+    "origin_lsn",
+    "gid",
+    "outcome",
+    "size",
+)
+_TABLE_FIELDS = ("relation_oid", "namespace", "name")
+_EVENT_FIELDS = ("txn", "seq", "lsn", "kind", "event_xid", "table", "new", "old", "old_is_key")
+_SPARSE_FIELDS = tuple(
+    f.name
+    for f in SCHEMA
+    if f.name not in _TXN_FIELDS and f.name not in _TABLE_FIELDS and f.name not in _EVENT_FIELDS
+)
+_U32 = 1 << 32
+_U64 = 1 << 64
+_INSERT, _UPDATE, _DELETE = _KIND_INDEX["insert"], _KIND_INDEX["update"], _KIND_INDEX["delete"]
+_RELATION, _TRANSACTION = _KIND_INDEX["relation"], _KIND_INDEX["transaction"]
+_SIMPLE_KINDS: dict[type, int] = {
+    Truncate: _KIND_INDEX["truncate"],
+    Message: _KIND_INDEX["message"],
+    Type: _KIND_INDEX["type"],
+}
+
+
 class BatchBuilder:
     """Accumulates events of one or more transactions and builds them into a record batch.
 
     ``add`` returns an estimate of the bytes added, so a writer can cut frames at a size
     without holding a large transaction in memory.
+
+    The hot path is one tuple per event: transaction fields are validated and stored once per
+    transaction, table fields once per table (found by object identity: decoders hand out one
+    ``Table`` object per definition), rows as their TupleData bytes; ``build`` transposes the
+    tuples and lets Arrow build each column in bulk.
     """
 
     def __init__(self) -> None:
@@ -275,11 +260,15 @@ class BatchBuilder:
 
     def clear(self) -> None:
         self.rows = 0
-        self._columns: dict[str, list[Any]] = {f.name: [] for f in SCHEMA}
-        self._new = _RowColumn()
-        self._old = _RowColumn()
-        self._table_indices: list[int | None] = []
+        self._events: list[tuple[Any, ...]] = []
+        self._txns: list[tuple[Any, ...]] = []
+        self._txn: CommittedTransaction | None = None
+        # id(table) -> (table, index into the table lists); the table keeps the id valid.
+        self._table_ids: dict[int, tuple[Table, int]] = {}
+        self._tables: list[tuple[int, str, str]] = []
         self._table_dictionary: dict[str, int] = {}
+        self._table_text_index: list[int] = []
+        self._sparse: dict[int, dict[str, Any]] = {}
         if len(self._table_json) > 10_000:
             self._table_json.clear()
 
@@ -291,134 +280,191 @@ class BatchBuilder:
             text = self._table_json[table] = _json(table_to_dict(table))
         return text
 
-    def _table_index(self, text: str) -> int:
-        index = self._table_dictionary.get(text)
-        if index is None:
-            index = self._table_dictionary[text] = len(self._table_dictionary)
+    def _table_index(self, table: Table) -> int:
+        """The table's index in this batch, validating it the first time it is seen."""
+        entry = self._table_ids.get(id(table))
+        if entry is not None and entry[0] is table:
+            return entry[1]
+        fields = (
+            _uint(table.oid, 32, "relation oid"),
+            _text(table.namespace, "namespace"),
+            _text(table.name, "table name"),
+        )
+        text = self._table_text(table)
+        text_index = self._table_dictionary.get(text)
+        if text_index is None:
+            text_index = self._table_dictionary[text] = len(self._table_dictionary)
+        index = len(self._tables)
+        self._tables.append(fields)  # type: ignore[arg-type]
+        self._table_text_index.append(text_index)
+        self._table_ids[id(table)] = (table, index)
         return index
 
-    def add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
-        """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
-        without events); return its approximate size. Unloggable input raises before
-        anything is added, so the builder stays consistent."""
-        table: Table | None
-        new: Row | None
-        old: Row | None
-        old_is_key: bool | None
-        if event is None:
-            kind, table, new, old, old_is_key = "transaction", None, None, None, None
-        elif isinstance(event, Insert):
-            kind, table, new, old, old_is_key = "insert", event.table, event.new, None, None
-        elif isinstance(event, Update):
-            kind, table, new, old = "update", event.table, event.new, event.old
-            old_is_key = event.old_is_key
-        elif isinstance(event, Delete):
-            kind, table, new, old = "delete", event.table, None, event.old
-            old_is_key = event.old_is_key
-        elif isinstance(event, Relation):
-            kind, table, new, old, old_is_key = "relation", event.table, None, None, None
-        elif isinstance(event, Truncate | Message | Type):
-            kind = {Truncate: "truncate", Message: "message", Type: "type"}[type(event)]
-            table, new, old, old_is_key = None, None, None, None
-        else:
-            raise UnloggableInput(
-                f"{type(event).__name__} events do not belong in a committed transaction; the "
-                "change log stores Relation, Type, Insert, Update, Delete, Truncate and Message"
-            )
+    def _txn_index(self, txn: CommittedTransaction) -> int:
+        if txn is self._txn:
+            return len(self._txns) - 1
         if txn.commit_time is not None and (
             not isinstance(txn.commit_time, datetime) or txn.commit_time.tzinfo is None
         ):
             raise UnloggableInput(
                 f"commit_time {txn.commit_time!r} has no time zone; decoders give UTC-aware times"
             )
-        values: dict[str, Any] = dict.fromkeys(self._columns)
-        values.update(
-            commit_lsn=_uint(txn.commit_lsn, 64, "commit_lsn"),
-            end_lsn=_uint(txn.end_lsn, 64, "end_lsn"),
-            xid=_uint(txn.xid, 64, "xid"),
-            commit_time=txn.commit_time,
-            origin=_text(txn.origin, "origin"),
-            origin_lsn=_uint(txn.origin_lsn, 64, "origin_lsn"),
-            gid=_text(txn.gid, "gid"),
-            outcome=_OUTCOME_INDEX[txn.outcome],
-            size=_uint(txn.size, 64, "size"),
-            seq=_uint(seq, 32, "event position"),
-            lsn=_uint(event.lsn if event else txn.commit_lsn, 64, "event lsn"),
-            kind=_KIND_INDEX[kind],
-            event_xid=_uint(event.xid, 64, "event xid") if event else None,
-            old_is_key=old_is_key,
+        fields = (
+            _uint(txn.commit_lsn, 64, "commit_lsn"),
+            _uint(txn.end_lsn, 64, "end_lsn"),
+            _uint(txn.xid, 64, "xid"),
+            txn.commit_time,
+            _text(txn.origin, "origin"),
+            _uint(txn.origin_lsn, 64, "origin_lsn"),
+            _text(txn.gid, "gid"),
+            _OUTCOME_INDEX[txn.outcome],
+            _uint(txn.size, 64, "size"),
         )
-        table_text = None
-        if table is not None:
-            values["relation_oid"] = _uint(table.oid, 32, "relation oid")
-            values["namespace"] = _text(table.namespace, "namespace")
-            values["name"] = _text(table.name, "table name")
-            table_text = self._table_text(table)
-        new_row = _row_values(new) if new is not None else None
-        old_row = _row_values(old) if old is not None else None
-        size = 64 + (new_row[2] if new_row else 0) + (old_row[2] if old_row else 0)
-        if isinstance(event, Truncate):
-            values["truncate_cascade"] = bool(event.cascade)
-            values["truncate_restart_identity"] = bool(event.restart_identity)
-            values["truncate_relations"] = [_uint(t.oid, 32, "relation oid") for t in event.tables]
-            values["truncate_tables"] = _json([table_to_dict(t) for t in event.tables])
-        elif isinstance(event, Message):
-            if not isinstance(event.content, bytes):
-                raise UnloggableInput(f"message content must be bytes, not {event.content!r}")
-            values["message_transactional"] = bool(event.transactional)
-            values["message_prefix"] = _text(event.prefix, "message prefix")
-            values["message_content"] = event.content
-            size += len(event.content)
-        elif isinstance(event, Type):
-            values["type_oid"] = _uint(event.oid, 32, "type oid")
-            values["type_namespace"] = _text(event.namespace, "type namespace")
-            values["type_name"] = _text(event.name, "type name")
-        # Validated: now add the row everywhere.
-        for name, column in self._columns.items():
-            column.append(values[name])
-        self._table_indices.append(self._table_index(table_text) if table_text else None)
-        self._new.append(new_row)
-        self._old.append(old_row)
+        self._txns.append(fields)
+        self._txn = txn
+        return len(self._txns) - 1
+
+    def add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
+        """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
+        without events); return its approximate size. Unloggable input raises before
+        anything is added, so the builder stays consistent."""
+        new: bytes | None = None
+        old: bytes | None = None
+        old_is_key: bool | None = None
+        table: int | None = None
+        sparse: dict[str, Any] | None = None
+        if isinstance(event, Insert):
+            kind = _INSERT
+            new = _row_data(event.new)
+            table = self._table_index(event.table)
+        elif isinstance(event, Update):
+            kind = _UPDATE
+            new = _row_data(event.new)
+            old = None if event.old is None else _row_data(event.old)
+            old_is_key = bool(event.old_is_key)
+            table = self._table_index(event.table)
+        elif isinstance(event, Delete):
+            kind = _DELETE
+            old = _row_data(event.old)
+            old_is_key = bool(event.old_is_key)
+            table = self._table_index(event.table)
+        elif event is None:
+            kind = _TRANSACTION
+        elif isinstance(event, Relation):
+            kind = _RELATION
+            table = self._table_index(event.table)
+        elif isinstance(event, Truncate | Message | Type):
+            kind = _SIMPLE_KINDS[type(event)]
+            sparse = _sparse_fields(event)
+        else:
+            raise UnloggableInput(
+                f"{type(event).__name__} events do not belong in a committed transaction; the "
+                "change log stores Relation, Type, Insert, Update, Delete, Truncate and Message"
+            )
+        txn_index = self._txn_index(txn)
+        lsn: int = txn.commit_lsn if event is None else event.lsn
+        xid: int | None = None if event is None else event.xid
+        try:
+            valid = (
+                isinstance(lsn, int)
+                and isinstance(seq, int)
+                and 0 <= seq < _U32
+                and 0 <= lsn < _U64
+                and (xid is None or (isinstance(xid, int) and 0 <= xid < _U64))
+            )
+        except TypeError:
+            valid = False
+        if not valid:
+            _uint(seq, 32, "event position")
+            _uint(lsn, 64, "event lsn")
+            _uint(xid, 64, "event xid")
+        # Validated: now add the row.
+        if sparse is not None:
+            self._sparse[self.rows] = sparse
+        self._events.append((txn_index, seq, lsn, kind, xid, table, new, old, old_is_key))
         self.rows += 1
+        # The value bytes, as the estimate always counted: TupleData framing (2 bytes, then
+        # 5 per value; 1 per NULL) taken off by the table's width, never below zero.
+        size = 64
+        if new is not None:
+            size += max(len(new) - _framing(event), 0)  # type: ignore[arg-type]
+        if old is not None:
+            size += max(len(old) - _framing(event), 0)  # type: ignore[arg-type]
+        if sparse is not None:
+            size += len(sparse.get("message_content") or b"")
         return size
 
     def build(self) -> pa.RecordBatch:
         """The accumulated rows as one batch of ``SCHEMA``; then start afresh."""
-        arrays: list[pa.Array] = []
+        columns: dict[str, pa.Array] = {}
         try:
-            for f in SCHEMA:
-                if f.name == "kind":
-                    arrays.append(
-                        pa.DictionaryArray.from_arrays(
-                            pa.array(self._columns["kind"], pa.int8()), _KIND_DICTIONARY
-                        )
+            events = list(zip(*self._events, strict=True)) or [()] * len(_EVENT_FIELDS)
+            event_columns = dict(zip(_EVENT_FIELDS, events, strict=True))
+            txn_index = pa.array(event_columns["txn"], pa.int32())
+            txns = list(zip(*self._txns, strict=True)) or [()] * len(_TXN_FIELDS)
+            for name, values in zip(_TXN_FIELDS, txns, strict=True):
+                if name == "outcome":
+                    columns[name] = pa.DictionaryArray.from_arrays(
+                        pa.array(values, pa.int8()).take(txn_index), _OUTCOME_DICTIONARY
                     )
-                elif f.name == "outcome":
-                    arrays.append(
-                        pa.DictionaryArray.from_arrays(
-                            pa.array(self._columns["outcome"], pa.int8()), _OUTCOME_DICTIONARY
-                        )
-                    )
-                elif f.name == "table":
-                    arrays.append(
-                        pa.DictionaryArray.from_arrays(
-                            pa.array(self._table_indices, pa.int32()),
-                            pa.array(list(self._table_dictionary), pa.string()),
-                        )
-                    )
-                elif f.name == "new":
-                    arrays.append(self._new.build())
-                elif f.name == "old":
-                    arrays.append(self._old.build())
                 else:
-                    arrays.append(pa.array(self._columns[f.name], f.type))
+                    columns[name] = pa.array(values, SCHEMA.field(name).type).take(txn_index)
+            for name in ("seq", "lsn", "event_xid", "old_is_key"):
+                columns[name] = pa.array(event_columns[name], SCHEMA.field(name).type)
+            columns["new"] = pa.array(event_columns["new"], pa.binary())
+            columns["old"] = pa.array(event_columns["old"], pa.binary())
+            columns["kind"] = pa.DictionaryArray.from_arrays(
+                pa.array(event_columns["kind"], pa.int8()), _KIND_DICTIONARY
+            )
+            table_index = pa.array(event_columns["table"], pa.int32())
+            tables = list(zip(*self._tables, strict=True)) or [()] * len(_TABLE_FIELDS)
+            for name, values in zip(_TABLE_FIELDS, tables, strict=True):
+                columns[name] = pa.array(values, SCHEMA.field(name).type).take(table_index)
+            columns["table"] = pa.DictionaryArray.from_arrays(
+                pa.array(self._table_text_index, pa.int32()).take(table_index),
+                pa.array(list(self._table_dictionary), pa.string()),
+            )
+            for name in _SPARSE_FIELDS:
+                sparse: list[Any] = [None] * self.rows
+                for row, fields in self._sparse.items():
+                    sparse[row] = fields.get(name)
+                columns[name] = pa.array(sparse, SCHEMA.field(name).type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
             raise UnloggableInput(
                 f"a transaction field does not fit the change log: {exc}"
             ) from exc
-        batch = pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+        batch = pa.RecordBatch.from_arrays([columns[f.name] for f in SCHEMA], schema=SCHEMA)
         self.clear()
         return batch
+
+
+def _framing(event: Insert | Update | Delete) -> int:
+    return 2 + 5 * len(event.table.columns)
+
+
+def _sparse_fields(event: Event) -> dict[str, Any]:
+    """The columns only Truncate, Message and Type events fill, validated."""
+    if isinstance(event, Truncate):
+        return {
+            "truncate_cascade": bool(event.cascade),
+            "truncate_restart_identity": bool(event.restart_identity),
+            "truncate_relations": [_uint(t.oid, 32, "relation oid") for t in event.tables],
+            "truncate_tables": _json([table_to_dict(t) for t in event.tables]),
+        }
+    if isinstance(event, Message):
+        if not isinstance(event.content, bytes):
+            raise UnloggableInput(f"message content must be bytes, not {event.content!r}")
+        return {
+            "message_transactional": bool(event.transactional),
+            "message_prefix": _text(event.prefix, "message prefix"),
+            "message_content": event.content,
+        }
+    assert isinstance(event, Type)
+    return {
+        "type_oid": _uint(event.oid, 32, "type oid"),
+        "type_namespace": _text(event.namespace, "type namespace"),
+        "type_name": _text(event.name, "type name"),
+    }
 
 
 def encode(transactions: Iterable[CommittedTransaction]) -> pa.RecordBatch:
@@ -435,34 +481,25 @@ def encode(transactions: Iterable[CommittedTransaction]) -> pa.RecordBatch:
 
 # --- decoding --------------------------------------------------------------------------------
 
-_UNCHANGED: RawValue = UNCHANGED_TOAST
+_encoded_data = EncodedRow.__dict__["_data"].__set__
+_encoded_values = EncodedRow.__dict__["_values"].__set__
+_new_object = object.__new__
 
 
-def _decode_rows(column: pa.ListArray) -> list[Row | None]:
-    offsets = column.offsets.to_pylist()
-    values = column.values
-    kinds = values.field("kind").to_pylist()
-    datas = values.field("value").to_pylist()
-    valid = column.is_valid().to_pylist()
+def _decode_rows(column: pa.Array) -> list[Row | None]:
+    """The logged rows as ``EncodedRow``s over their TupleData bytes (decoded on use)."""
     rows: list[Row | None] = []
-    for index, is_valid in enumerate(valid):
-        if not is_valid:
-            rows.append(None)
+    append = rows.append
+    for data in column.to_pylist():
+        if data is None:
+            append(None)
             continue
-        row: list[RawValue] = []
-        for position in range(offsets[index], offsets[index + 1]):
-            kind = kinds[position]
-            if kind == VALUE_TEXT:
-                row.append(datas[position].decode("utf-8", "surrogatepass"))
-            elif kind == VALUE_BINARY:
-                row.append(datas[position])
-            elif kind == VALUE_NULL:
-                row.append(None)
-            elif kind == VALUE_UNCHANGED_TOAST:
-                row.append(_UNCHANGED)
-            else:
-                raise CorruptChangeLog(f"unknown row value kind {kind!r} in the change log")
-        rows.append(tuple(row))
+        if len(data) < 2:
+            raise CorruptChangeLog(f"a logged row of {len(data)} bytes has no column count")
+        row = _new_object(EncodedRow)
+        _encoded_data(row, data)
+        _encoded_values(row, None)
+        append(row)
     return rows
 
 

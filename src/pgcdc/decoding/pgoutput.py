@@ -33,6 +33,7 @@ from pgcdc.events import (
     Commit,
     CommitPrepared,
     Delete,
+    EncodedRow,
     Event,
     Insert,
     Message,
@@ -83,6 +84,7 @@ _ATTR = struct.Struct("!Ii").unpack_from  # type oid, type modifier
 # Tuple column kinds.
 _NULL, _UNCHANGED, _TEXT, _BINARY = b"n"[0], b"u"[0], b"t"[0], b"b"[0]
 _NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
+_ROW_MESSAGES = frozenset(b"IUD")
 
 # First protocol version that has each message type.
 _SINCE = {
@@ -238,6 +240,46 @@ def _read_tuple_checked(buf: bytes, pos: int) -> tuple[Row, int]:
     return tuple(values), pos
 
 
+_encoded_data = EncodedRow.__dict__["_data"].__set__
+_encoded_values = EncodedRow.__dict__["_values"].__set__
+
+
+def _scan_tuple(buf: bytes | memoryview, pos: int) -> tuple[Row, int]:
+    """TupleData at ``pos`` as an ``EncodedRow`` (no value decoded), and the position after it.
+
+    Walks only the framing: one index per column and one ``struct`` call per text or binary
+    value. The bytes are then checked in one call: an ASCII row is valid UTF-8 throughout;
+    any other row is decoded strictly here (and its values kept), so bad input still fails at
+    decode time. Anything malformed goes to ``_read_tuple_checked``, which says what is wrong.
+    """
+    start = pos
+    try:
+        (natts,) = _U16(buf, pos)
+        pos += 2
+        u32 = _U32
+        for _ in range(natts):
+            kind = buf[pos]
+            if kind in (_TEXT, _BINARY):
+                pos += 5 + u32(buf, pos + 1)[0]
+            elif kind in (_NULL, _UNCHANGED):
+                pos += 1
+            else:
+                return _read_tuple_checked(bytes(buf), start)
+    except (struct.error, IndexError):
+        return _read_tuple_checked(bytes(buf), start)
+    if pos > len(buf):
+        return _read_tuple_checked(bytes(buf), start)
+    data = bytes(buf[start:pos])
+    row = _new_object(EncodedRow)
+    _encoded_data(row, data)
+    if data.isascii():
+        _encoded_values(row, None)
+    else:
+        values, _ = _read_tuple(data, 0)
+        _encoded_values(row, values)
+    return row, pos
+
+
 def _width_error(row: Row, table: Table) -> DecodeError:
     return DecodeError(
         f"the row has {len(row)} columns but the Relation message for "
@@ -254,7 +296,15 @@ class PgOutputDecoder:
     columns), ``bytes`` (binary), ``None`` (NULL) or ``UNCHANGED_TOAST``.
     """
 
-    __slots__ = ("_dispatch", "_relations", "_state", "proto_version", "streaming")
+    __slots__ = (
+        "_dispatch",
+        "_read_row",
+        "_relations",
+        "_state",
+        "lazy_rows",
+        "proto_version",
+        "streaming",
+    )
 
     def __init__(
         self,
@@ -262,10 +312,16 @@ class PgOutputDecoder:
         *,
         proto_version: int = 1,
         streaming: Streaming | None = None,
+        lazy_rows: bool = False,
     ) -> None:
         """``streaming`` is the option the stream was started with; it only matters for Stream
         Abort, which carries the abort LSN and time exactly when it is 'parallel'. None accepts
-        both layouts (told apart by length)."""
+        both layouts (told apart by length).
+
+        ``lazy_rows`` makes rows ``EncodedRow``s: the framing is validated (and the text
+        checked to be UTF-8) but no value object is made, which is what the receiver needs to
+        log rows as they came. Off by default: tuples are cheaper for code that reads every
+        value anyway."""
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise UnsupportedFeature(
                 f"pgoutput proto_version {proto_version} is not supported: this decoder reads "
@@ -277,6 +333,8 @@ class PgOutputDecoder:
             )
         self.proto_version = proto_version
         self.streaming = streaming
+        self.lazy_rows = lazy_rows
+        self._read_row = _scan_tuple if lazy_rows else _read_tuple
         self._state = state if state is not None else DecoderState()
         self._relations = self._state.relations
         handlers: dict[int, Callable[[bytes, LSN], Event]] = {
@@ -304,10 +362,15 @@ class PgOutputDecoder:
 
     @classmethod
     def for_options(
-        cls, options: PgOutputOptions, state: DecoderState | None = None
+        cls, options: PgOutputOptions, state: DecoderState | None = None, *, lazy_rows: bool = False
     ) -> PgOutputDecoder:
         """The decoder for a stream started with ``options``."""
-        return cls(state, proto_version=options.proto_version, streaming=options.streaming)
+        return cls(
+            state,
+            proto_version=options.proto_version,
+            streaming=options.streaming,
+            lazy_rows=lazy_rows,
+        )
 
     @property
     def state(self) -> DecoderState:
@@ -319,7 +382,7 @@ class PgOutputDecoder:
         self._relations = state.relations
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self._state, self.proto_version, self.streaming))
+        return (_restore, (self._state, self.proto_version, self.streaming, self.lazy_rows))
 
     def decode(self, payload: bytes | memoryview, lsn: LSN) -> list[Event]:
         """The event in one pgoutput payload (always exactly one)."""
@@ -327,8 +390,11 @@ class PgOutputDecoder:
 
     def decode_one(self, payload: bytes | memoryview, lsn: LSN) -> Event:
         """The event in one payload: ``bytes``, or the ``memoryview`` the replication stream
-        hands out (copied once, since binary column values must outlive its buffer)."""
-        if type(payload) is not bytes:
+        hands out. A view is copied once (values must outlive its buffer), except that with
+        lazy rows a change message is read in place and only its rows are copied."""
+        if type(payload) is not bytes and not (
+            self.lazy_rows and len(payload) and payload[0] in _ROW_MESSAGES
+        ):
             payload = bytes(payload)
         try:
             handler = self._dispatch[payload[0]]
@@ -337,7 +403,8 @@ class PgOutputDecoder:
         except KeyError:
             raise self._unknown_type(payload, lsn) from None
         try:
-            return handler(payload, lsn)
+            # With lazy rows, I/U/D handlers read a memoryview in place (same operations).
+            return handler(payload, lsn)  # type: ignore[arg-type]
         except (struct.error, IndexError) as exc:
             raise self._malformed(payload, lsn, f"truncated ({exc})") from None
         except (UnicodeDecodeError, OverflowError) as exc:
@@ -349,7 +416,7 @@ class PgOutputDecoder:
 
     # --- errors ------------------------------------------------------------------------------
 
-    def _unknown_type(self, payload: bytes, lsn: LSN) -> DecodeError:
+    def _unknown_type(self, payload: bytes | memoryview, lsn: LSN) -> DecodeError:
         code = payload[0]
         since = _SINCE.get(code)
         if since is not None:
@@ -363,7 +430,7 @@ class PgOutputDecoder:
             f"stream is not pgoutput protocol 1-{MAX_PROTO_VERSION}, or it is corrupt"
         )
 
-    def _malformed(self, payload: bytes, lsn: LSN, why: str) -> DecodeError:
+    def _malformed(self, payload: bytes | memoryview, lsn: LSN, why: str) -> DecodeError:
         name = _NAMES.get(payload[0], "?")
         head = payload[:32].hex()
         return DecodeError(
@@ -396,7 +463,7 @@ class PgOutputDecoder:
         return table
 
     def _row(self, buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
-        row, pos = _read_tuple(buf, pos)
+        row, pos = self._read_row(buf, pos)
         if len(row) != len(table.columns):
             raise _width_error(row, table)
         return row, pos
@@ -480,7 +547,7 @@ class PgOutputDecoder:
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
-        row, pos = _read_tuple(buf, pos + 5)
+        row, pos = self._read_row(buf, pos + 5)
         if pos != len(buf):
             self._check_end(buf, pos)
         if len(row) != len(table.columns):
@@ -652,9 +719,11 @@ class PgOutputDecoder:
 
 
 def _restore(
-    state: DecoderState, proto_version: int, streaming: Streaming | None
+    state: DecoderState, proto_version: int, streaming: Streaming | None, lazy_rows: bool = False
 ) -> PgOutputDecoder:
-    return PgOutputDecoder(state, proto_version=proto_version, streaming=streaming)
+    return PgOutputDecoder(
+        state, proto_version=proto_version, streaming=streaming, lazy_rows=lazy_rows
+    )
 
 
 # --- options -----------------------------------------------------------------------------------
