@@ -1,0 +1,566 @@
+"""The initial snapshot: every row of the published tables as of a new slot's consistent point.
+
+A replication slot created with ``snapshot="export"`` names an MVCC snapshot that sees exactly
+the transactions the slot will *not* decode. Worker connections import it (``SET TRANSACTION
+SNAPSHOT``) and copy the tables in parallel, large tables split into ctid ranges (TID range
+scans, PostgreSQL 14+) so one big table keeps every worker busy. The rows go, through a bounded
+queue, into one synthetic committed transaction in the sink: a ``Relation`` per table (the same
+``Table`` pgoutput will send) and then ``Insert`` events, with values in the form pgoutput's
+text mode sends them (the type's output function under the receiver's session settings).
+Streaming the slot afterwards continues with the first transaction the snapshot does not
+contain: no gap, no overlap.
+
+The exported snapshot lives only while the exporting replication connection stays open and
+idle, so that connection is closed only after the sink has flushed.
+
+The synthetic transaction's ``commit_lsn`` is ``consistent_point - 1`` and its ``end_lsn`` is
+``consistent_point``: a real transaction whose commit record starts exactly at the consistent
+point is decoded (not in the snapshot), and the sink's duplicate rule (drop a commit LSN not
+above the last one) would drop it if the snapshot claimed that same commit LSN.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgcdc.connection.replication import ReplicationConnection
+from pgcdc.connection.server_errors import translated
+from pgcdc.errors import (
+    DecodeError,
+    InvalidOption,
+    PgcdcError,
+    PublicationNotFound,
+    SlotAlreadyExists,
+    SnapshotError,
+)
+from pgcdc.events import Column, Event, Insert, Relation, ReplicaIdentity, Row, Table
+from pgcdc.lsn import LSN
+from pgcdc.receiver import session_options
+from pgcdc.transactions import CommittedTransaction, TransactionSink
+
+__all__ = [
+    "DEFAULT_CHUNK_PAGES",
+    "Chunk",
+    "SnapshotResult",
+    "SnapshotTable",
+    "copy_query",
+    "parse_copy_text_row",
+    "plan_chunks",
+    "snapshot_tables",
+    "take_snapshot",
+]
+
+DEFAULT_CHUNK_PAGES = 4096  # 32 MB of heap per COPY with 8 kB pages
+BATCH_ROWS = 1000  # rows per queue item: amortises queue locking, bounds memory with the queue
+BATCH_BYTES = 1 << 20
+QUEUE_BATCHES_PER_WORKER = 2
+APPLICATION_NAME = "pgcdc snapshot"
+_TID_RANGE_SCANS = 140000  # server_version_num that scans ctid ranges without reading all pages
+
+
+# --- catalog: tables as pgoutput describes them ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTable:
+    """A table to copy: its pgoutput definition, what to select, and how big it is."""
+
+    table: Table
+    relkind: str  # "r" plain (split by ctid), "p" partitioned root (copied whole)
+    pages: int  # heap pages when the snapshot began
+    row_filter: str | None = None  # the publications' row filter (OR of them), as SQL
+
+    @property
+    def splittable(self) -> bool:
+        return self.relkind == "r"
+
+
+_PUBLICATIONS = "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s)"
+
+# pg_publication_tables names each published table once per publication, with the published
+# columns (PG15+: the column list, or every published column) and the row filter.
+_PUBLISHED_15 = """
+SELECT format('%%I.%%I', schemaname, tablename)::regclass::oid::bigint, attnames::text[], rowfilter
+FROM pg_publication_tables WHERE pubname = ANY(%s)
+"""
+_PUBLISHED_OLD = """
+SELECT format('%%I.%%I', schemaname, tablename)::regclass::oid::bigint, NULL::text[], NULL::text
+FROM pg_publication_tables WHERE pubname = ANY(%s)
+"""
+# Permanent plain tables outside the system schemas (leaf partitions included, their parents
+# not, so no row is copied twice).
+_USER_TABLES = """
+SELECT c.oid::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r' AND c.relpersistence = 'p'
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname !~ '^pg_toast'
+  AND n.nspname !~ '^pg_temp_'
+ORDER BY c.oid
+"""
+_RELATIONS = """
+SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relreplident::text, c.relkind::text,
+       pg_relation_size(c.oid) / current_setting('block_size')::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = ANY(%s::oid[])
+"""
+# pgoutput's key flag: every column under REPLICA IDENTITY FULL, else the columns of the
+# replica identity index (the primary key for DEFAULT, the chosen index for USING INDEX).
+_COLUMNS = """
+SELECT a.attrelid::bigint, a.attname::text, a.atttypid::bigint, a.atttypmod, a.attgenerated::text,
+       c.relreplident = 'f' OR EXISTS (
+           SELECT 1 FROM pg_index i
+           WHERE i.indrelid = a.attrelid AND a.attnum = ANY(i.indkey)
+             AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                     WHEN 'i' THEN i.indisreplident ELSE false END)
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum
+"""
+
+
+def _resolve(conn: psycopg.Connection[Any], names: Sequence[str]) -> list[int]:
+    oids = []
+    for name in names:
+        row = conn.execute("SELECT to_regclass(%s)::oid::bigint", (name,)).fetchone()
+        if row is None or row[0] is None:
+            raise SnapshotError(
+                f"table {name!r} does not exist (names resolve as in SQL: schema.table, "
+                "search_path for unqualified names, double quotes for mixed case)"
+            )
+        oids.append(int(row[0]))
+    return oids
+
+
+def _published(
+    conn: psycopg.Connection[Any], publications: Sequence[str]
+) -> dict[int, tuple[frozenset[str] | None, str | None]]:
+    """Published tables: OID -> (published column names or None for all, row filter)."""
+    found = {row[0] for row in conn.execute(_PUBLICATIONS, (list(publications),))}
+    missing = [p for p in publications if p not in found]
+    if missing:
+        raise PublicationNotFound(
+            f"publication(s) {', '.join(missing)} do not exist in this database; create them "
+            "(CREATE PUBLICATION <name> FOR ALL TABLES) or pass existing names"
+        )
+    query = _PUBLISHED_15 if conn.info.server_version >= 150000 else _PUBLISHED_OLD
+    columns: dict[int, set[frozenset[str] | None]] = {}
+    filters: dict[int, list[str | None]] = {}
+    for oid, attnames, rowfilter in conn.execute(query, (list(publications),)):
+        columns.setdefault(oid, set()).add(None if attnames is None else frozenset(attnames))
+        filters.setdefault(oid, []).append(rowfilter)
+    published: dict[int, tuple[frozenset[str] | None, str | None]] = {}
+    for oid, lists in columns.items():
+        if len(lists) > 1:
+            raise SnapshotError(
+                f"table OID {oid} has different column lists in the publications "
+                f"{', '.join(publications)}; pgoutput refuses that too: give it the same "
+                "column list everywhere, or stream one publication"
+            )
+        row_filters = filters[oid]
+        # pgoutput ORs the filters of a table's publications; one without a filter wins.
+        combined = (
+            None
+            if any(f is None for f in row_filters)
+            else " OR ".join(f"({f})" for f in sorted(set(row_filters)))  # type: ignore[type-var]
+        )
+        published[oid] = (next(iter(lists)), combined)
+    return published
+
+
+def snapshot_tables(
+    conn: psycopg.Connection[Any],
+    tables: Sequence[str] | None = None,
+    publications: Sequence[str] = (),
+) -> list[SnapshotTable]:
+    """The tables to copy, each with the ``Table`` pgoutput sends for it.
+
+    Run it inside the imported snapshot so definitions and sizes are those the rows have.
+    ``tables`` None means the publications' tables (with their column lists and row filters)
+    or, without publications, every permanent user table.
+    """
+    with translated():
+        published = _published(conn, publications) if publications else None
+        if tables is not None:
+            oids = _resolve(conn, tables)
+            if published is not None:
+                outside = [n for n, o in zip(tables, oids, strict=True) if o not in published]
+                if outside:
+                    raise SnapshotError(
+                        f"table(s) {', '.join(outside)} are not in publication(s) "
+                        f"{', '.join(publications)}: their changes would never stream after "
+                        "the snapshot; add them to a publication or leave them out"
+                    )
+        elif published is not None:
+            oids = sorted(published)
+        else:
+            oids = [row[0] for row in conn.execute(_USER_TABLES)]
+        oids = list(dict.fromkeys(oids))
+        relations = {row[0]: row[1:] for row in conn.execute(_RELATIONS, (oids,))}
+        columns: dict[int, list[Column]] = {oid: [] for oid in oids}
+        # pgoutput sends generated columns only from PostgreSQL 18, and only stored ones its
+        # publication asks for (a column list, or publish_generated_columns = stored), which
+        # pg_publication_tables lists.
+        generated_published = conn.info.server_version >= 180000
+        for oid, name, type_oid, typmod, generated, key in conn.execute(_COLUMNS, (oids,)):
+            wanted = None if published is None else published[oid][0]
+            if generated and not (generated_published and wanted is not None and name in wanted):
+                continue
+            if wanted is not None and name not in wanted:
+                continue
+            columns[oid].append(Column(name, type_oid, typmod, bool(key)))
+    result = []
+    for oid in oids:
+        namespace, name, identity, relkind, pages = relations[oid]
+        if relkind not in ("r", "p"):
+            raise SnapshotError(
+                f"{namespace}.{name} is not a table (relkind {relkind!r}); pgoutput publishes "
+                "only tables: leave it out of --table"
+            )
+        table = Table(namespace, name, tuple(columns[oid]), oid, ReplicaIdentity(identity))
+        row_filter = None if published is None else published[oid][1]
+        result.append(SnapshotTable(table, relkind, int(pages), row_filter))
+    return result
+
+
+# --- the copy plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One COPY: a table, or the pages [first_page, end_page) of it (end None: to the end)."""
+
+    table: SnapshotTable
+    first_page: int | None = None
+    end_page: int | None = None
+
+
+def plan_chunks(tables: Sequence[SnapshotTable], chunk_pages: int) -> list[Chunk]:
+    """Split plain tables larger than ``chunk_pages`` into ctid ranges, biggest tables first.
+
+    The last range of a table is open-ended, so rows on pages added since its size was read
+    (invisible to the snapshot anyway) can never fall between ranges.
+    """
+    if chunk_pages < 1:
+        raise InvalidOption(f"chunk_pages must be at least 1, not {chunk_pages}")
+    chunks: list[Chunk] = []
+    for spec in sorted(tables, key=lambda t: -t.pages):
+        if not spec.splittable or spec.pages <= chunk_pages:
+            chunks.append(Chunk(spec))
+            continue
+        starts = range(0, spec.pages, chunk_pages)
+        for first in starts:
+            end = first + chunk_pages
+            chunks.append(Chunk(spec, first, end if end < spec.pages else None))
+    return chunks
+
+
+def copy_query(chunk: Chunk) -> sql.Composed:
+    """``COPY (SELECT <published columns> FROM t WHERE <ctid range> AND <row filter>)``."""
+    table = chunk.table.table
+    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
+    conditions: list[sql.Composable] = []
+    if chunk.first_page is not None:
+        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)")))
+    if chunk.end_page is not None:
+        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
+    if chunk.table.row_filter is not None:
+        conditions.append(sql.SQL("(" + chunk.table.row_filter + ")"))
+    where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
+    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
+        columns, sql.Identifier(table.namespace, table.name), where
+    )
+
+
+# --- COPY text format ------------------------------------------------------------------------
+
+# The escapes COPY TO writes (CopyAttributeOutText); it never writes octal or hex escapes.
+_UNESCAPE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+_ESCAPE = re.compile(r"\\(.?)", re.DOTALL)
+
+
+def _unescape(match: re.Match[str]) -> str:
+    try:
+        return _UNESCAPE[match.group(1)]
+    except KeyError:
+        raise DecodeError(
+            f"unexpected escape {match.group(0)!r} in COPY text output (COPY TO writes only "
+            "\\b \\f \\n \\r \\t \\v \\\\ and \\N)"
+        ) from None
+
+
+def parse_copy_text_row(line: bytes | bytearray | memoryview, width: int) -> Row:
+    """One line of ``COPY ... TO STDOUT`` text format (UTF-8) as the raw row pgoutput's text
+    mode would send: the output function's text, escapes undone, ``\\N`` as None."""
+    try:
+        text = str(line, "utf-8")
+    except UnicodeDecodeError as error:
+        raise DecodeError(f"COPY row is not UTF-8 ({error}); set client_encoding=UTF8") from None
+    if not text.endswith("\n"):
+        raise DecodeError(f"COPY row does not end with a newline: {text[:60]!r}")
+    if width == 0:
+        if text != "\n":
+            raise DecodeError(f"COPY row of a table without columns has data: {text[:60]!r}")
+        return ()
+    fields = text[:-1].split("\t")
+    if len(fields) != width:
+        raise DecodeError(f"COPY row has {len(fields)} fields, expected {width}: {text[:60]!r}")
+    if "\\" not in text:
+        return tuple(fields)
+    return tuple(
+        None if f == "\\N" else _ESCAPE.sub(_unescape, f) if "\\" in f else f for f in fields
+    )
+
+
+# --- taking the snapshot ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    consistent_point: LSN  # the slot streams the transactions committed from here on
+    tables: tuple[Table, ...]
+    rows: int
+    bytes: int  # COPY text bytes read
+    snapshot_name: str = ""
+
+
+_DONE = object()
+
+
+class _Copier:
+    """Worker threads copying chunks under one imported snapshot into a bounded queue."""
+
+    def __init__(
+        self, conninfo: str, snapshot_name: str, lsn: LSN, chunks: list[Chunk], workers: int
+    ) -> None:
+        self.conninfo = conninfo
+        self.snapshot_name = snapshot_name
+        self.lsn = lsn
+        self.chunks: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+        for chunk in chunks:
+            self.chunks.put(chunk)
+        self.results: queue.Queue[object] = queue.Queue(workers * QUEUE_BATCHES_PER_WORKER)
+        self.stop = threading.Event()
+        self.rows = 0
+        self.bytes = 0
+        self.count_lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._work, name=f"pgcdc-snapshot-{n}", daemon=True)
+            for n in range(workers)
+        ]
+
+    def _put(self, item: object) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.results.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self) -> None:
+        try:
+            with open_worker(self.conninfo, self.snapshot_name) as conn:
+                self._copy_all(conn)
+        except BaseException as error:  # handed to the consumer, which raises it
+            self._put(error)
+        finally:
+            self._put(_DONE)
+
+    def _copy_all(self, conn: psycopg.Connection[Any]) -> None:
+        lsn = self.lsn
+        while not self.stop.is_set():
+            try:
+                chunk = self.chunks.get_nowait()
+            except queue.Empty:
+                return
+            table = chunk.table.table
+            width = len(table.columns)
+            batch: list[Event] = []
+            size = rows = total = 0
+            with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
+                for line in copy:
+                    batch.append(Insert(lsn, table, parse_copy_text_row(line, width)))
+                    size += len(line)
+                    if len(batch) >= BATCH_ROWS or size >= BATCH_BYTES:
+                        if not self._put(batch):
+                            return
+                        rows += len(batch)
+                        total += size
+                        batch, size = [], 0
+            if batch and not self._put(batch):
+                return
+            with self.count_lock:
+                self.rows += rows + len(batch)
+                self.bytes += total + size
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def events(self) -> Iterator[Event]:
+        """The Inserts of every worker, as they arrive; raises the first worker error."""
+        running = len(self.threads)
+        while running:
+            item = self.results.get()
+            if item is _DONE:
+                running -= 1
+            elif isinstance(item, BaseException):
+                if isinstance(item, PgcdcError):
+                    raise item
+                raise SnapshotError(f"a snapshot worker failed: {item!r}") from item
+            else:
+                yield from item  # type: ignore[misc]
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def open_worker(conninfo: str, snapshot_name: str) -> psycopg.Connection[Any]:
+    """A connection inside the exported snapshot, with the walsender's output settings (so
+    every value's text is what pgoutput sends) and UTF-8 text."""
+    with translated():
+        conn = psycopg.connect(
+            conninfo,
+            options=session_options(conninfo),
+            application_name=APPLICATION_NAME,
+            client_encoding="UTF8",
+        )
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _drop_slot(conn: ReplicationConnection, slot: str) -> str:
+    """Drop the slot this snapshot created, so a retry can create it again; says which."""
+    try:
+        if not conn.closed:
+            conn.drop_replication_slot(slot)
+            return f"the new slot {slot!r} was dropped again; retry once the cause is fixed"
+    except PgcdcError:
+        pass
+    return (
+        f"the new slot {slot!r} could not be dropped: drop it with "
+        f"SELECT pg_drop_replication_slot('{slot}') before retrying"
+    )
+
+
+def take_snapshot(
+    conninfo: str,
+    *,
+    slot: str,
+    sink: TransactionSink,
+    plugin: str = "pgoutput",
+    tables: Sequence[str] | None = None,
+    publications: Sequence[str] = (),
+    workers: int = 4,
+    chunk_pages: int = DEFAULT_CHUNK_PAGES,
+) -> SnapshotResult:
+    """Create ``slot`` and store every row it will not stream as one transaction in ``sink``.
+
+    Streaming the slot afterwards (``pgcdc.receiver.Receiver``) delivers exactly the changes
+    committed after the snapshot. The slot must not exist yet: only a new slot exports the
+    snapshot that matches its start. On failure the slot is dropped again.
+    """
+    if isinstance(publications, str) or isinstance(tables, str):
+        raise InvalidOption("tables and publications are sequences of names, not one string")
+    if workers < 1:
+        raise InvalidOption(f"workers must be at least 1, not {workers}")
+    if chunk_pages < 1:
+        raise InvalidOption(f"chunk_pages must be at least 1, not {chunk_pages}")
+    exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
+    try:
+        try:
+            created = exporter.create_replication_slot(slot, plugin, snapshot="export")
+        except SlotAlreadyExists as error:
+            raise SlotAlreadyExists(
+                f"replication slot {slot!r} already exists: an initial snapshot needs a new "
+                "slot, because only creating a slot exports the snapshot that matches where "
+                f"it starts streaming. Choose another slot name, or drop it (SELECT "
+                f"pg_drop_replication_slot('{slot}')) if its changes are not needed"
+            ) from error
+        try:
+            return _copy(
+                conninfo,
+                created.consistent_point,
+                created.snapshot_name,
+                sink=sink,
+                tables=tables,
+                publications=publications,
+                workers=workers,
+                chunk_pages=chunk_pages,
+            )
+        except BaseException as error:
+            error.add_note(_drop_slot(exporter, slot))
+            raise
+    finally:
+        exporter.close()
+
+
+def _copy(
+    conninfo: str,
+    consistent_point: LSN,
+    snapshot_name: str | None,
+    *,
+    sink: TransactionSink,
+    tables: Sequence[str] | None,
+    publications: Sequence[str],
+    workers: int,
+    chunk_pages: int,
+) -> SnapshotResult:
+    if not snapshot_name:
+        raise SnapshotError("the server created the slot but exported no snapshot")
+    if sink.last_commit_lsn >= consistent_point:
+        raise SnapshotError(
+            f"the sink already holds transactions up to {sink.last_commit_lsn}, at or past the "
+            f"snapshot's consistent point {consistent_point}; write the snapshot into a new "
+            "change log"
+        )
+    with open_worker(conninfo, snapshot_name) as planner:
+        specs = snapshot_tables(planner, tables, publications)
+        planner.rollback()
+    chunks = plan_chunks(specs, chunk_pages)
+    lsn = LSN(consistent_point)
+    copier = _Copier(conninfo, snapshot_name, lsn, chunks, min(workers, max(len(chunks), 1)))
+
+    def events() -> Iterator[Event]:
+        for spec in specs:
+            yield Relation(lsn, spec.table)
+        yield from copier.events()
+
+    copier.start()
+    try:
+        txn = CommittedTransaction(
+            xid=None,
+            commit_lsn=LSN(consistent_point - 1),
+            end_lsn=lsn,
+            commit_time=None,
+            events=events(),
+        )
+        if not sink.append(txn):
+            raise SnapshotError(
+                f"the sink refused the snapshot transaction (its last commit LSN "
+                f"{sink.last_commit_lsn} is not below {txn.commit_lsn}); use a new change log"
+            )
+    finally:
+        copier.close()
+    sink.flush()
+    return SnapshotResult(
+        consistent_point=lsn,
+        tables=tuple(s.table for s in specs),
+        rows=copier.rows,
+        bytes=copier.bytes,
+        snapshot_name=snapshot_name,
+    )
