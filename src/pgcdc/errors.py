@@ -222,11 +222,3 @@ class InvalidRowValue(PgcdcError, TypeError):
 class SnapshotError(PgcdcError):
     """The initial snapshot could not be taken or stored; the slot it created was dropped, so
     it can be retried as it stands once the cause is fixed."""
-
-
-# --- the initial snapshot (pgcdc.snapshot) ---------------------------------------------------
-
-
-class SnapshotError(PgcdcError):
-    """The initial snapshot could not be taken or stored; the slot it created was dropped, so
-    it can be retried as it stands once the cause is fixed."""
