@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "pgcdc.cli.check",
     "pgcdc.cli.pipeline",
     "pgcdc.cli.demo",
+    "pgcdc.cli.snapshot",
 )
 # Written by another part of the project; until they exist, pgcdc runs without them.
 OPTIONAL_MODULES = frozenset({"pgcdc.cli.pipeline", "pgcdc.cli.demo"})
