@@ -293,3 +293,32 @@ def test_existing_slot_is_refused_and_failures_drop_the_new_slot(
             )
     assert db.execute("SELECT slot_name FROM pg_replication_slots") == [("taken",)]
     assert list(ChangeLog(tmp_path).read_transactions()) == []
+
+
+def test_column_list_and_row_filter_as_pgoutput_applies_them(db: Database, tmp_path: Path) -> None:
+    with db.connect() as conn:
+        conn.execute(
+            "CREATE TABLE parts (id int PRIMARY KEY, name text, secret text, qty int);"
+            "INSERT INTO parts SELECT g, 'p' || g, 's' || g, g FROM generate_series(1, 100) g;"
+            "CREATE PUBLICATION pub FOR TABLE parts (id, name, qty) WHERE (qty > 90);"
+            "CREATE PUBLICATION pub2 FOR TABLE parts (id, name, qty) WHERE (qty <= 2)"
+        )
+    with ChangeLog(tmp_path).writer() as sink:
+        result = take_snapshot(
+            db.conninfo(), slot="s", sink=sink, publications=["pub", "pub2"], chunk_pages=1
+        )
+    (table,) = result.tables
+    assert [c.name for c in table.columns] == ["id", "name", "qty"]
+    db.execute("INSERT INTO parts VALUES (101, 'p101', 'hidden', 101), (102, 'x', 'y', 50)")
+    stream_to(db, tmp_path, current_lsn(db))
+    snapshot, streamed = ChangeLog(tmp_path).read_transactions()
+    rows = sorted(
+        (tuple(e.new) for e in snapshot.events if isinstance(e, Insert)),
+        key=lambda r: int(str(r[0])),
+    )
+    assert rows == [(str(g), f"p{g}", str(g)) for g in [1, 2, *range(91, 101)]]
+    (relation,) = [e.table for e in streamed.events if isinstance(e, Relation)]
+    assert relation == table
+    assert [tuple(e.new) for e in streamed.events if isinstance(e, Insert)] == [
+        ("101", "p101", "101")
+    ]
