@@ -24,7 +24,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from pgcdc.errors import (
 )
 from pgcdc.events import Column, Event, Insert, Relation, ReplicaIdentity, Row, Table
 from pgcdc.lsn import LSN
-from pgcdc.receiver import session_options
+from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options
 from pgcdc.transactions import CommittedTransaction, TransactionSink
 
 __all__ = [
@@ -337,9 +337,17 @@ class _Copier:
     """Worker threads copying chunks under one imported snapshot into a bounded queue."""
 
     def __init__(
-        self, conninfo: str, snapshot_name: str, lsn: LSN, chunks: list[Chunk], workers: int
+        self,
+        conninfo: str,
+        snapshot_name: str,
+        lsn: LSN,
+        chunks: list[Chunk],
+        *,
+        workers: int,
+        session_settings: Mapping[str, str] | None,
     ) -> None:
         self.conninfo = conninfo
+        self.session_settings = session_settings
         self.snapshot_name = snapshot_name
         self.lsn = lsn
         self.chunks: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
@@ -366,7 +374,7 @@ class _Copier:
 
     def _work(self) -> None:
         try:
-            with open_worker(self.conninfo, self.snapshot_name) as conn:
+            with open_worker(self.conninfo, self.snapshot_name, self.session_settings) as conn:
                 self._copy_all(conn)
         except BaseException as error:  # handed to the consumer, which raises it
             self._put(error)
@@ -424,13 +432,17 @@ class _Copier:
             thread.join()
 
 
-def open_worker(conninfo: str, snapshot_name: str) -> psycopg.Connection[Any]:
-    """A connection inside the exported snapshot, with the walsender's output settings (so
-    every value's text is what pgoutput sends) and UTF-8 text."""
+def open_worker(
+    conninfo: str,
+    snapshot_name: str,
+    session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
+) -> psycopg.Connection[Any]:
+    """A connection inside the exported snapshot, with the settings the receiver gives its
+    walsender (so every value's text is what pgoutput sends there) and UTF-8 text."""
     with translated():
         conn = psycopg.connect(
             conninfo,
-            options=session_options(conninfo),
+            options=session_options(conninfo, session_settings),
             application_name=APPLICATION_NAME,
             client_encoding="UTF8",
         )
@@ -467,12 +479,15 @@ def take_snapshot(
     publications: Sequence[str] = (),
     workers: int = 4,
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
+    session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
 ) -> SnapshotResult:
     """Create ``slot`` and store every row it will not stream as one transaction in ``sink``.
 
     Streaming the slot afterwards (``pgcdc.receiver.Receiver``) delivers exactly the changes
     committed after the snapshot. The slot must not exist yet: only a new slot exports the
     snapshot that matches its start. On failure the slot is dropped again.
+    ``session_settings`` must be the receiver's (``ReceiverOptions.session_settings``), so
+    that values come out as its walsender prints them.
     """
     if isinstance(publications, str) or isinstance(tables, str):
         raise InvalidOption("tables and publications are sequences of names, not one string")
@@ -501,6 +516,7 @@ def take_snapshot(
                 publications=publications,
                 workers=workers,
                 chunk_pages=chunk_pages,
+                session_settings=session_settings,
             )
         except BaseException as error:
             error.add_note(_drop_slot(exporter, slot))
@@ -519,21 +535,30 @@ def _copy(
     publications: Sequence[str],
     workers: int,
     chunk_pages: int,
+    session_settings: Mapping[str, str] | None,
 ) -> SnapshotResult:
     if not snapshot_name:
         raise SnapshotError("the server created the slot but exported no snapshot")
-    if sink.last_commit_lsn >= consistent_point:
+    commit_lsn = LSN(consistent_point - 1)
+    if sink.last_commit_lsn >= commit_lsn:
         raise SnapshotError(
             f"the sink already holds transactions up to {sink.last_commit_lsn}, at or past the "
             f"snapshot's consistent point {consistent_point}; write the snapshot into a new "
             "change log"
         )
-    with open_worker(conninfo, snapshot_name) as planner:
+    with open_worker(conninfo, snapshot_name, session_settings) as planner:
         specs = snapshot_tables(planner, tables, publications)
         planner.rollback()
     chunks = plan_chunks(specs, chunk_pages)
     lsn = LSN(consistent_point)
-    copier = _Copier(conninfo, snapshot_name, lsn, chunks, min(workers, max(len(chunks), 1)))
+    copier = _Copier(
+        conninfo,
+        snapshot_name,
+        lsn,
+        chunks,
+        workers=min(workers, max(len(chunks), 1)),
+        session_settings=session_settings,
+    )
 
     def events() -> Iterator[Event]:
         for spec in specs:
@@ -544,7 +569,7 @@ def _copy(
     try:
         txn = CommittedTransaction(
             xid=None,
-            commit_lsn=LSN(consistent_point - 1),
+            commit_lsn=commit_lsn,
             end_lsn=lsn,
             commit_time=None,
             events=events(),

@@ -1,0 +1,138 @@
+"""The parallel initial snapshot's rate next to a plain COPY of the same table, in the same run.
+
+One table of ``--rows`` rows is copied by ``pgcdc.snapshot.take_snapshot`` with 1, 2 and 4
+workers (a new slot each time), once into a sink that only consumes the events (copy + parse)
+and once into a change log on local disk. Baselines: ``psql -c "\\copy t to /dev/null"`` and
+``COPY t TO STDOUT`` drained by psycopg without parsing. The machine's cores bound what more
+workers can give: parsing runs under the GIL, the server's COPY in separate processes.
+
+    python3 bench/snapshot.py [--rows 1000000] [--version 18] [--chunk-pages 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg
+
+from common import print_figure, start_cluster
+from pgcdc.changelog import ChangeLog
+from pgcdc.lsn import LSN
+from pgcdc.snapshot import take_snapshot
+from pgcdc.transactions import CommittedTransaction
+
+SCHEMA = (
+    "CREATE TABLE orders (id bigint PRIMARY KEY, customer text, qty int, price numeric(12,2),"
+    " at timestamptz, note text)",
+    "CREATE PUBLICATION pub FOR ALL TABLES",
+)
+FILL = (
+    "INSERT INTO orders SELECT g, 'customer ' || (g % 977), g % 50, g / 7.0, "
+    "'2024-01-01'::timestamptz + g * interval '1 second', "
+    "CASE WHEN g % 10 = 0 THEN E'tab\\there' ELSE 'plain' END "
+    "FROM generate_series(1, {rows}) g"
+)
+
+
+class CountingSink:
+    """Consumes the snapshot's events and keeps nothing: the cost of copying and parsing."""
+
+    def __init__(self) -> None:
+        self.last_commit_lsn = LSN(0)
+        self.events = 0
+
+    def append(self, txn: CommittedTransaction) -> bool:
+        for _ in txn.events:
+            self.events += 1
+        self.last_commit_lsn = txn.commit_lsn
+        return True
+
+    def flush(self) -> LSN:
+        return self.last_commit_lsn
+
+
+def psql_copy_seconds(psql: Path, conninfo: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([str(psql), "-X", "-q", "-d", conninfo, "-c", "\\copy orders to /dev/null"],
+                   check=True)  # fmt: skip
+    return time.perf_counter() - start
+
+
+def psycopg_copy_seconds(conninfo: str) -> float:
+    start = time.perf_counter()
+    with (
+        psycopg.connect(conninfo) as conn,
+        conn.cursor() as cursor,
+        cursor.copy("COPY orders TO STDOUT") as copy,
+    ):
+        for _ in copy:
+            pass
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--version", default="18", choices=["15", "18"])
+    parser.add_argument("--chunk-pages", type=int, default=1024)
+    args = parser.parse_args()
+
+    cluster = start_cluster(args.version)
+    conninfo = cluster.conninfo()
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            for statement in SCHEMA:
+                conn.execute(statement)
+            conn.execute(FILL.format(rows=int(args.rows)))
+            conn.execute("VACUUM ANALYZE orders")
+            pages = conn.execute("SELECT pg_relation_size('orders') / 8192").fetchone()
+        print(f"{args.rows:,} rows, {pages[0] if pages else '?'} pages, PostgreSQL "
+              f"{args.version}, {os.cpu_count()} cores", flush=True)  # fmt: skip
+
+        psql = cluster.installation.binary("psql")
+        baselines = []
+        if psql.exists():
+            psql_rate = args.rows / psql_copy_seconds(psql, conninfo)
+            print_figure("baseline: psql \\copy orders to /dev/null", psql_rate, "rows/s")
+            baselines.append(psql_rate)
+        drain_rate = args.rows / psycopg_copy_seconds(conninfo)
+        print_figure("baseline: COPY TO STDOUT drained by psycopg", drain_rate, "rows/s")
+        baseline = drain_rate
+
+        run = 0
+        for workers in (1, 2, 4):
+            for target in ("events only", "change log"):
+                run += 1
+                with tempfile.TemporaryDirectory(prefix="pgcdc-bench-snapshot-") as tmp:
+                    start = time.perf_counter()
+                    if target == "change log":
+                        with ChangeLog(tmp).writer() as log:
+                            result = take_snapshot(conninfo, slot=f"s{run}", sink=log,
+                                                   publications=["pub"], workers=workers,
+                                                   chunk_pages=args.chunk_pages)  # fmt: skip
+                    else:
+                        result = take_snapshot(conninfo, slot=f"s{run}", sink=CountingSink(),
+                                               publications=["pub"], workers=workers,
+                                               chunk_pages=args.chunk_pages)  # fmt: skip
+                    seconds = time.perf_counter() - start
+                assert result.rows == args.rows, result
+                print_figure(
+                    f"snapshot, {workers} worker(s), {target}", args.rows / seconds, "rows/s",
+                    baseline,
+                )  # fmt: skip
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (f"s{run}",))
+    finally:
+        cluster.destroy()
+
+
+if __name__ == "__main__":
+    main()
