@@ -21,6 +21,7 @@ above the last one) would drop it if the snapshot claimed that same commit LSN.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import threading
@@ -358,6 +359,7 @@ class _Copier:
         self.rows = 0
         self.bytes = 0
         self.count_lock = threading.Lock()
+        self.connections: set[psycopg.Connection[Any]] = set()
         self.threads = [
             threading.Thread(target=self._work, name=f"pgcdc-snapshot-{n}", daemon=True)
             for n in range(workers)
@@ -375,7 +377,13 @@ class _Copier:
     def _work(self) -> None:
         try:
             with open_worker(self.conninfo, self.snapshot_name, self.session_settings) as conn:
-                self._copy_all(conn)
+                with self.count_lock:
+                    self.connections.add(conn)
+                try:
+                    self._copy_all(conn)
+                finally:
+                    with self.count_lock:
+                        self.connections.discard(conn)
         except BaseException as error:  # handed to the consumer, which raises it
             self._put(error)
         finally:
@@ -427,7 +435,14 @@ class _Copier:
                 yield from item  # type: ignore[misc]
 
     def close(self) -> None:
+        """Stop the workers; cancel the COPYs still running (after a failure), so giving up
+        does not wait for a long scan to end."""
         self.stop.set()
+        with self.count_lock:
+            running = list(self.connections)
+        for conn in running:
+            with contextlib.suppress(psycopg.Error):  # it may have ended meanwhile
+                conn.cancel_safe()
         for thread in self.threads:
             thread.join()
 

@@ -322,3 +322,32 @@ def test_column_list_and_row_filter_as_pgoutput_applies_them(db: Database, tmp_p
     assert [tuple(e.new) for e in streamed.events if isinstance(e, Insert)] == [
         ("101", "p101", "101")
     ]
+
+
+def test_a_failing_sink_leaves_no_slot_no_rows_and_no_workers(db: Database, tmp_path: Path) -> None:
+    db.execute(
+        "CREATE TABLE big (id bigint PRIMARY KEY, pad text);"
+        "INSERT INTO big SELECT g, repeat('x', 300) FROM generate_series(1, 20000) g;"
+        "CREATE PUBLICATION pub FOR TABLE big"
+    )
+
+    def fail() -> None:
+        raise OSError("disk full")
+
+    with ChangeLog(tmp_path).writer() as log:
+        sink = ProbeSink(log, on_first_insert=fail)
+        with pytest.raises(OSError, match="disk full") as failed:
+            take_snapshot(
+                db.conninfo(), slot="s", sink=sink, publications=["pub"], workers=3, chunk_pages=20
+            )
+    assert "dropped again" in "".join(failed.value.__notes__)
+    assert db.execute("SELECT slot_name FROM pg_replication_slots") == []
+    assert list(ChangeLog(tmp_path).read_transactions()) == []
+    # Every worker connection ended with the snapshot (cancelled mid-COPY or finished).
+    wait_until(
+        lambda: (
+            not db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgcdc snapshot'"
+            )
+        )
+    )
