@@ -64,7 +64,6 @@ BATCH_ROWS = 1000  # rows per queue item: amortises queue locking, bounds memory
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES_PER_WORKER = 2
 APPLICATION_NAME = "pgcdc snapshot"
-_TID_RANGE_SCANS = 140000  # server_version_num that scans ctid ranges without reading all pages
 
 
 # --- catalog: tables as pgoutput describes them ----------------------------------------------
