@@ -1,0 +1,95 @@
+"""Kill the Spark driver (SIGKILL, the whole process group: Python and its JVM) at random
+instants while the pipeline writes, restart it on the same checkpoint each time: the mirrors
+and histories still equal the source and no changelog row is duplicated."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pgcdc.changelog import ChangeLog
+from tests.conftest import Database
+
+from .helpers import (
+    Workload,
+    assert_lake_matches,
+    column_names,
+    drain,
+    prepare_source,
+    source_state,
+)
+
+KILLS_PER_SERVER = 5  # x2 servers: the issue's 10 kills, within a few minutes
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _delta_commits(lake: Path) -> int:
+    return sum(1 for _ in lake.glob("*/*/*/_delta_log/*.json"))
+
+
+def _child(output: Path, *args: str) -> subprocess.Popen[bytes]:
+    with output.open("ab") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.crash_child", *args],
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _tail(output: Path) -> str:
+    return output.read_text(errors="replace")[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_killed_driver_restarts_without_loss_or_duplicates(db: Database, tmp_path: Path) -> None:
+    rng = random.Random(db.major * 7919)
+    log = ChangeLog(tmp_path / "log")
+    lake = tmp_path / "lake"
+    args = (str(tmp_path / "log"), str(lake), str(tmp_path / "checkpoint"))
+    workload = Workload(random.Random(db.major + 1))
+    transactions = []
+    with db.connect() as conn:
+        prepare_source(conn)
+        for _ in range(3):
+            for _ in range(40):
+                workload.step(conn)
+            workload.sample(conn)
+        transactions += drain(conn, log, segment_bytes=64_000, frame_bytes=16_000)
+        final = source_state(conn)
+        names = column_names(conn)
+
+    output = tmp_path / "children.log"
+    kills = 0
+    written: list[int] = []
+    while kills < KILLS_PER_SERVER:
+        before = _delta_commits(lake)
+        child = _child(output, *args, "stream")
+        try:
+            # Wait for the driver to write (Spark takes seconds to start), then kill it at a
+            # random instant among its next writes (or idle, once it has caught up).
+            deadline = time.monotonic() + 60
+            while _delta_commits(lake) <= before and time.monotonic() < deadline:
+                assert child.poll() is None, f"the pipeline child exited:\n{_tail(output)}"
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.0, 2.0))
+        finally:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        kills += 1
+        written.append(_delta_commits(lake) - before)
+
+    # Most kills hit a driver in the middle of its work, not an idle one.
+    assert sum(n > 0 for n in written) >= KILLS_PER_SERVER - 1, written
+    finisher = _child(output, *args, "once")
+    assert finisher.wait(timeout=300) == 0, _tail(output)
+    assert_lake_matches(lake, names, final, workload.samples, transactions)
