@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -47,13 +48,21 @@ from pgcdc.transactions import (
     TransactionSink,
 )
 
-__all__ = ["Receiver", "ReceiverOptions", "ReceiverProgress", "session_options"]
+__all__ = [
+    "DEFAULT_SESSION_SETTINGS",
+    "Receiver",
+    "ReceiverOptions",
+    "ReceiverProgress",
+    "session_options",
+]
 
 PLUGINS = ("pgoutput", "test_decoding")
 STREAMING_SINCE = 140000
 # The walsender's session settings that make text output parseable and stable: timestamps in
 # ISO form and UTC, intervals in the form pgcdc.decoding.values reads.
 SESSION_SETTINGS = (("DateStyle", "ISO"), ("IntervalStyle", "postgres"), ("TimeZone", "UTC"))
+DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETTINGS))
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # How long a quiet read may block before the stop event is looked at again.
 STOP_CHECK_SECONDS = 0.2
 BURST_MESSAGES = 1024
@@ -82,6 +91,12 @@ class ReceiverOptions:
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     application_name: str = "pgcdc"
     preflight: bool = True  # run pgcdc.connection.preflight.check before connecting
+    # The walsender session's settings (GUCs), set last so they win over the user's options.
+    # The default makes text values parseable by pgcdc.decoding.values; None or {} leaves the
+    # server's (and the user's) settings, as pg_recvlogical does.
+    session_settings: Mapping[str, str] | None = field(
+        default_factory=lambda: DEFAULT_SESSION_SETTINGS
+    )
 
     def __post_init__(self) -> None:
         if self.plugin not in PLUGINS:
@@ -123,6 +138,20 @@ class ReceiverOptions:
         if not self.slot:
             raise InvalidOption("slot must name a replication slot")
         object.__setattr__(self, "plugin_options", MappingProxyType(dict(self.plugin_options)))
+        settings = self.session_settings
+        if settings is not None:
+            for name, value in settings.items():
+                if not isinstance(name, str) or not _SETTING_NAME.fullmatch(name):
+                    raise InvalidOption(
+                        f"session setting name {name!r} is not a configuration parameter name "
+                        "(letters, digits, '_' and '.'), e.g. {'TimeZone': 'UTC'}"
+                    )
+                if not isinstance(value, str) or "\0" in value:
+                    raise InvalidOption(
+                        f"session setting {name} must be a string without NUL characters, "
+                        f"not {value!r}"
+                    )
+            object.__setattr__(self, "session_settings", MappingProxyType(dict(settings)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +176,22 @@ class ReceiverProgress:
         return max(0, int(self.server_wal_end) - int(self.confirmed_lsn))
 
 
-def session_options(conninfo: str) -> str:
-    """The libpq ``options`` value: the user's (conninfo or PGOPTIONS) then pgcdc's settings,
-    which come last so they win."""
+def session_options(
+    conninfo: str, settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS
+) -> str:
+    """The libpq ``options`` value: the user's (conninfo or PGOPTIONS) then ``settings``,
+    which come last so they win (spaces and backslashes escaped as libpq wants)."""
     given = conninfo_to_dict(conninfo).get("options")
     if given is None:
         given = os.environ.get("PGOPTIONS", "")
-    ours = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS)
+    ours = " ".join(
+        f"-c {name}={_escape_option(value)}" for name, value in (settings or {}).items()
+    )
     return f"{given} {ours}".strip()
+
+
+def _escape_option(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(" ", "\\ ")
 
 
 def _counted(events: Iterable[Event], counter: list[int]) -> Iterator[Event]:
@@ -207,7 +244,7 @@ class Receiver:
             )
         conn = ReplicationConnection.connect(
             options.conninfo,
-            options=session_options(options.conninfo),
+            options=session_options(options.conninfo, options.session_settings),
             application_name=options.application_name,
         )
         try:
@@ -243,7 +280,8 @@ class Receiver:
                 two_phase=options.two_phase,
             )
             plugin_options = {**pg.for_server(version), **options.plugin_options}
-            return plugin_options, PgOutputDecoder.for_options(pg)
+            # Lazy rows: the change log stores rows as the wire bytes, never decoded here.
+            return plugin_options, PgOutputDecoder.for_options(pg, lazy_rows=True)
         plugin_options = {"include-xids": "1", "include-timestamp": "1"}
         if options.two_phase:
             plugin_options["two-phase-commit"] = "1"
@@ -347,15 +385,16 @@ class Receiver:
         if end_lsn is not None and lsn > end_lsn:
             return True  # commits after end_lsn start here; leave them unread
         payload = message.payload
-        if type(payload) is not bytes:
-            payload = bytes(payload)
         size = len(payload)
         self._bytes += size
         feed = assembler.feed
         if type(decoder) is PgOutputDecoder:
+            # The decoder reads the stream's memoryview in place and copies only what it keeps.
             for txn in feed(decoder.decode_one(payload, lsn), size):
                 self._store(txn)
         else:
+            if type(payload) is not bytes:
+                payload = bytes(payload)
             events = decoder.decode(payload, lsn)
             if len(events) > 1:
                 size //= len(events)

@@ -97,3 +97,29 @@ def test_text_output_with_timestamps_and_no_xids_matches(db):
     assert ours.stdout == theirs.stdout
     assert ours.stdout.count(b"BEGIN\n") == 2  # the empty transaction skipped, no xids
     assert ours.stdout.count(b"(at ") == 2
+
+
+def test_text_output_keeps_the_servers_time_zone_and_date_style(db):
+    """Text output is the server's text under its own settings (here a database default of
+    Asia/Tokyo and German dates), as pg_recvlogical prints it, not pgcdc's ISO/UTC."""
+    name = db.scalar("SELECT current_database()")
+    db.execute(f"ALTER DATABASE \"{name}\" SET TimeZone = 'Asia/Tokyo'")
+    db.execute(f"ALTER DATABASE \"{name}\" SET DateStyle = 'German, DMY'")
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, at timestamptz, d date, i interval)")
+    db.execute("SELECT pg_create_logical_replication_slot('theirs', 'test_decoding')")
+    db.execute("SELECT pg_create_logical_replication_slot('ours', 'test_decoding')")
+    db.execute("INSERT INTO t VALUES (1, '2024-02-29 23:30:00+00', '2024-02-29', '1 day 02:03:04')")
+    end = current_lsn(db)
+    pg_recvlogical = db.cluster.installation.binary("pg_recvlogical")
+    theirs = subprocess.run(
+        [str(pg_recvlogical), "-d", db.conninfo(), "-S", "theirs", "--start", "-f", "-",
+         "-E", end, "-n"],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert theirs.returncode == 0, theirs.stderr
+    ours = pgcdc("--start", "-d", db.conninfo(), "-S", "ours", "-f", "-", "-E", end, "-n")
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout == theirs.stdout
+    # In Tokyo (UTC+9) that instant is the next day; German style prints day.month.year.
+    assert b"at[timestamp with time zone]:'01.03.2024 08:30:00 JST'" in ours.stdout
+    assert b"d[date]:'29.02.2024'" in ours.stdout

@@ -263,8 +263,9 @@ class BatchBuilder:
         self._events: list[tuple[Any, ...]] = []
         self._txns: list[tuple[Any, ...]] = []
         self._txn: CommittedTransaction | None = None
-        # id(table) -> (table, index into the table lists); the table keeps the id valid.
-        self._table_ids: dict[int, tuple[Table, int]] = {}
+        # id(table) -> (table, index into the table lists, TupleData framing bytes of a row);
+        # holding the table keeps its id valid.
+        self._table_ids: dict[int, tuple[Table, int, int]] = {}
         self._tables: list[tuple[int, str, str]] = []
         self._table_dictionary: dict[str, int] = {}
         self._table_text_index: list[int] = []
@@ -297,7 +298,7 @@ class BatchBuilder:
         index = len(self._tables)
         self._tables.append(fields)  # type: ignore[arg-type]
         self._table_text_index.append(text_index)
-        self._table_ids[id(table)] = (table, index)
+        self._table_ids[id(table)] = (table, index, _framing(table))
         return index
 
     def _txn_index(self, txn: CommittedTransaction) -> int:
@@ -328,6 +329,31 @@ class BatchBuilder:
         """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
         without events); return its approximate size. Unloggable input raises before
         anything is added, so the builder stays consistent."""
+        if type(event) is Insert and txn is self._txn:
+            # The hot path: an insert of the current transaction, a known table, a row from
+            # the decoder, positions the decoder made (LSNs are range-checked when made).
+            entry = self._table_ids.get(id(event.table))
+            row = event.new
+            xid = event.xid
+            if (
+                entry is not None
+                and entry[0] is event.table
+                and type(row) is EncodedRow
+                and type(event.lsn) is LSN
+                and type(seq) is int
+                and 0 <= seq < _U32
+                and (xid is None or (type(xid) is int and 0 <= xid < _U64))
+            ):
+                data = row.data
+                self._events.append(
+                    (len(self._txns) - 1, seq, event.lsn, _INSERT, xid, entry[1], data, None, None)
+                )
+                self.rows += 1
+                return 64 + max(len(data) - entry[2], 0)
+        return self._add(txn, seq, event)
+
+    def _add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
+        """``add`` for every event: validates each field."""
         new: bytes | None = None
         old: bytes | None = None
         old_is_key: bool | None = None
@@ -387,9 +413,9 @@ class BatchBuilder:
         # 5 per value; 1 per NULL) taken off by the table's width, never below zero.
         size = 64
         if new is not None:
-            size += max(len(new) - _framing(event), 0)  # type: ignore[arg-type]
+            size += max(len(new) - _framing(event.table), 0)  # type: ignore[union-attr]
         if old is not None:
-            size += max(len(old) - _framing(event), 0)  # type: ignore[arg-type]
+            size += max(len(old) - _framing(event.table), 0)  # type: ignore[union-attr]
         if sparse is not None:
             size += len(sparse.get("message_content") or b"")
         return size
@@ -438,8 +464,9 @@ class BatchBuilder:
         return batch
 
 
-def _framing(event: Insert | Update | Delete) -> int:
-    return 2 + 5 * len(event.table.columns)
+def _framing(table: Table) -> int:
+    """TupleData bytes that are not values in a row of ``table`` (at most: a NULL takes 1)."""
+    return 2 + 5 * len(table.columns)
 
 
 def _sparse_fields(event: Event) -> dict[str, Any]:

@@ -44,6 +44,10 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+# Events that set definitions a reader needs (tracked in the segment header state).
+_DEFINITIONS = frozenset((Relation, Type))
+
+
 class ChangeLogWriter:
     """The single appender of a change log. Use as a context manager, or call ``close()``."""
 
@@ -205,13 +209,15 @@ class ChangeLogWriter:
         spilled_from: int | None = None
         first_before = self._segment_first_lsn
         definitions: list[Event] = []
+        add = self._builder.add
+        frame_bytes = self._frame_bytes
         try:
             seq = -1
             for seq, event in enumerate(txn.events):
-                self._buffer_bytes += self._builder.add(txn, seq, event)
-                if isinstance(event, Relation | Type):
+                self._buffer_bytes += add(txn, seq, event)
+                if type(event) in _DEFINITIONS:
                     definitions.append(event)
-                if self._buffer_bytes < self._frame_bytes:
+                if self._buffer_bytes < frame_bytes:
                     continue
                 batch = self._builder.build()
                 self._buffer_bytes = 0
@@ -382,4 +388,3 @@ class ChangeLogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

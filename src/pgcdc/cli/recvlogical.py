@@ -40,7 +40,7 @@ from pgcdc.connection.commands import major_version
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.lsn import LSN
-from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
+from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, Receiver, ReceiverOptions, ReceiverProgress
 from pgcdc.transactions import AssemblyOptions, CommittedTransaction
 
 DEFAULT_RECONNECT_DELAY = 5.0  # seconds, as pg_recvlogical's RECONNECT_SLEEP_TIME
@@ -266,6 +266,9 @@ def _stream(
         fsync_interval=args.fsync_interval,
         assembly=assembly,
         application_name="pgcdc",
+        # Text output is the plugin's own text, as pg_recvlogical prints it: under the
+        # server's (and the user's) DateStyle/TimeZone, not pgcdc's parsing settings.
+        session_settings=None if output_format == "text" else DEFAULT_SESSION_SETTINGS,
     )
     reporter = ProgressReporter(enabled=sys.stderr.isatty())
     try:

@@ -84,7 +84,6 @@ _ATTR = struct.Struct("!Ii").unpack_from  # type oid, type modifier
 # Tuple column kinds.
 _NULL, _UNCHANGED, _TEXT, _BINARY = b"n"[0], b"u"[0], b"t"[0], b"b"[0]
 _NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
-_ROW_MESSAGES = frozenset(b"IUD")
 
 # First protocol version that has each message type.
 _SINCE = {
@@ -244,32 +243,41 @@ _encoded_data = EncodedRow.__dict__["_data"].__set__
 _encoded_values = EncodedRow.__dict__["_values"].__set__
 
 
-def _scan_tuple(buf: bytes | memoryview, pos: int) -> tuple[Row, int]:
+def _scan_tuple(
+    buf: bytes, pos: int, table: Table, kind_length: Any = _KIND_LENGTH
+) -> tuple[Row, int]:
     """TupleData at ``pos`` as an ``EncodedRow`` (no value decoded), and the position after it.
 
-    Walks only the framing: one index per column and one ``struct`` call per text or binary
-    value. The bytes are then checked in one call: an ASCII row is valid UTF-8 throughout;
-    any other row is decoded strictly here (and its values kept), so bad input still fails at
-    decode time. Anything malformed goes to ``_read_tuple_checked``, which says what is wrong.
+    Walks only the framing, one ``struct`` call per column (kind and length together, on a
+    padded copy so a trailing NULL reads like the rest). The bytes are then checked in one
+    call: an ASCII row is valid UTF-8 throughout; any other row is decoded strictly here (and
+    its values kept), so bad input still fails at decode time. Anything malformed goes to
+    ``_read_tuple_checked``, which says what is wrong; a row not as wide as ``table`` raises.
     """
     start = pos
+    padded = buf + _PAD
     try:
         (natts,) = _U16(buf, pos)
+        if natts != len(table.columns):
+            raise _width_error(natts, table)
         pos += 2
-        u32 = _U32
         for _ in range(natts):
-            kind = buf[pos]
-            if kind in (_TEXT, _BINARY):
-                pos += 5 + u32(buf, pos + 1)[0]
-            elif kind in (_NULL, _UNCHANGED):
+            kind, length = kind_length(padded, pos)
+            if kind == _TEXT:
+                pos += 5 + length
+            elif kind == _NULL:
+                pos += 1
+            elif kind == _BINARY:
+                pos += 5 + length
+            elif kind == _UNCHANGED:
                 pos += 1
             else:
-                return _read_tuple_checked(bytes(buf), start)
-    except (struct.error, IndexError):
-        return _read_tuple_checked(bytes(buf), start)
+                return _read_tuple_checked(buf, start)
+    except struct.error:
+        return _read_tuple_checked(buf, start)
     if pos > len(buf):
-        return _read_tuple_checked(bytes(buf), start)
-    data = bytes(buf[start:pos])
+        return _read_tuple_checked(buf, start)
+    data = buf[start:pos]
     row = _new_object(EncodedRow)
     _encoded_data(row, data)
     if data.isascii():
@@ -280,9 +288,9 @@ def _scan_tuple(buf: bytes | memoryview, pos: int) -> tuple[Row, int]:
     return row, pos
 
 
-def _width_error(row: Row, table: Table) -> DecodeError:
+def _width_error(width: int, table: Table) -> DecodeError:
     return DecodeError(
-        f"the row has {len(row)} columns but the Relation message for "
+        f"the row has {width} columns but the Relation message for "
         f"{table.qualified_name} (OID {table.oid}) has {len(table.columns)}"
     )
 
@@ -298,7 +306,6 @@ class PgOutputDecoder:
 
     __slots__ = (
         "_dispatch",
-        "_read_row",
         "_relations",
         "_state",
         "lazy_rows",
@@ -334,7 +341,6 @@ class PgOutputDecoder:
         self.proto_version = proto_version
         self.streaming = streaming
         self.lazy_rows = lazy_rows
-        self._read_row = _scan_tuple if lazy_rows else _read_tuple
         self._state = state if state is not None else DecoderState()
         self._relations = self._state.relations
         handlers: dict[int, Callable[[bytes, LSN], Event]] = {
@@ -390,11 +396,8 @@ class PgOutputDecoder:
 
     def decode_one(self, payload: bytes | memoryview, lsn: LSN) -> Event:
         """The event in one payload: ``bytes``, or the ``memoryview`` the replication stream
-        hands out. A view is copied once (values must outlive its buffer), except that with
-        lazy rows a change message is read in place and only its rows are copied."""
-        if type(payload) is not bytes and not (
-            self.lazy_rows and len(payload) and payload[0] in _ROW_MESSAGES
-        ):
+        hands out (copied once, since values must outlive its buffer)."""
+        if type(payload) is not bytes:
             payload = bytes(payload)
         try:
             handler = self._dispatch[payload[0]]
@@ -403,8 +406,7 @@ class PgOutputDecoder:
         except KeyError:
             raise self._unknown_type(payload, lsn) from None
         try:
-            # With lazy rows, I/U/D handlers read a memoryview in place (same operations).
-            return handler(payload, lsn)  # type: ignore[arg-type]
+            return handler(payload, lsn)
         except (struct.error, IndexError) as exc:
             raise self._malformed(payload, lsn, f"truncated ({exc})") from None
         except (UnicodeDecodeError, OverflowError) as exc:
@@ -463,10 +465,11 @@ class PgOutputDecoder:
         return table
 
     def _row(self, buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
-        row, pos = self._read_row(buf, pos)
-        if len(row) != len(table.columns):
-            raise _width_error(row, table)
-        return row, pos
+        if self.lazy_rows:
+            return _scan_tuple(buf, pos, table)
+        if _U16(buf, pos)[0] != len(table.columns):
+            raise _width_error(_U16(buf, pos)[0], table)
+        return _read_tuple(buf, pos)
 
     # --- transaction boundaries --------------------------------------------------------------
 
@@ -547,11 +550,14 @@ class PgOutputDecoder:
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
-        row, pos = self._read_row(buf, pos + 5)
+        if self.lazy_rows:
+            row, pos = _scan_tuple(buf, pos + 5, table)
+        else:
+            if _U16(buf, pos + 5)[0] != len(table.columns):
+                raise _width_error(_U16(buf, pos + 5)[0], table)
+            row, pos = _read_tuple(buf, pos + 5)
         if pos != len(buf):
             self._check_end(buf, pos)
-        if len(row) != len(table.columns):
-            raise _width_error(row, table)
         event = _new_object(Insert)
         _insert_lsn(event, lsn)
         _insert_table(event, table)

@@ -71,6 +71,7 @@ from pgcdc.transactions.sizing import estimate_size
 from pgcdc.transactions.spill import SpillDirectory, SpillWriter, without_xid
 
 _CONTENT_TYPES = (Insert, Update, Delete, Truncate, Message)
+_ROW_TYPES = frozenset((Insert, Update, Delete))
 _CATALOG_TYPES = (Relation, Type)
 _NOTHING: tuple[CommittedTransaction, ...] = ()
 
@@ -189,6 +190,12 @@ class TransactionAssembler:
         ``size`` is the event's payload length when the caller knows it (for memory limits);
         otherwise it is estimated from the values' lengths.
         """
+        if type(event) in _ROW_TYPES and self._block is None and self._filter is None:
+            # The hot path: a row change of a plain (not streamed) transaction.
+            txn = self._plain
+            if txn is not None:
+                self._add(txn, event, size, content=True)
+                return []
         handler = self._handlers.get(type(event))
         if handler is None:
             raise TransactionSequenceError(

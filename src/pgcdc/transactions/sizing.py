@@ -8,7 +8,17 @@ length pass it to ``TransactionAssembler.feed`` instead.
 
 from __future__ import annotations
 
-from pgcdc.events import Delete, Event, Insert, Message, Relation, Row, Truncate, Update
+from pgcdc.events import (
+    Delete,
+    EncodedRow,
+    Event,
+    Insert,
+    Message,
+    Relation,
+    Row,
+    Truncate,
+    Update,
+)
 
 EVENT_OVERHEAD = 64
 VALUE_OVERHEAD = 8
@@ -16,6 +26,8 @@ COLUMN_OVERHEAD = 32
 
 
 def row_size(row: Row) -> int:
+    if type(row) is EncodedRow:  # its wire bytes, without decoding them
+        return VALUE_OVERHEAD * len(row) + len(row.data)
     size = VALUE_OVERHEAD * len(row)
     for value in row:
         if type(value) is str or type(value) is bytes:
