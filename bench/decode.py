@@ -13,7 +13,9 @@ workload, and every baseline is measured in this run on the same WAL:
 Decoding is measured to events (``PgOutputDecoder``, from ``bytes`` and from the
 ``memoryview`` payloads the stream hands out), to typed Python values per value
 (``TypeRegistry.row_to_python``) and to typed Arrow batches (``rows_to_arrow``, the Spark
-executors' path). Target (issue 3): decoding at 3x the walsender's rate or better.
+executors' path, from tuples and from the ``EncodedRow``s the change log hands out). Lazy rows
+(``lazy_rows=True``, what the receiver uses) only walk the tuple framing. Target (issue 3):
+decoding at 3x the walsender's rate or better.
 
     python3 bench/decode.py [--rows 200000] [--version 18] [--repeat 3] [--binary]
 """
@@ -36,7 +38,7 @@ from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.decoding.arrow import rows_to_arrow
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.decoding.values import TypeRegistry
-from pgcdc.events import Delete, Event, Insert, Row, Table, Update
+from pgcdc.events import Delete, EncodedRow, Event, Insert, Row, Table, Update
 from pgcdc.localpg import LocalCluster
 from pgcdc.lsn import LSN
 
@@ -197,6 +199,10 @@ def main() -> None:
             drain_stream(conninfo, "stream", pairs, messages, PgOutputDecoder(proto_version=2))
             for _ in range(repeat)
         )
+        lazy = PgOutputDecoder(proto_version=2, lazy_rows=True)
+        stream_lazy_seconds = min(
+            drain_stream(conninfo, "stream", pairs, messages, lazy) for _ in range(repeat)
+        )
         views = capture_payload_views(conninfo, "stream", pairs, messages)
     finally:
         cluster.destroy()
@@ -220,12 +226,21 @@ def main() -> None:
         walsender,
     )
 
+    print_figure(
+        "walsender -> pgcdc stream -> decode, lazy rows",
+        messages / stream_lazy_seconds,
+        "msg/s",
+        walsender,
+    )
+
     events: list[Event] = []
     decoder = PgOutputDecoder(proto_version=2)
 
-    def decode_all(payloads: list[tuple[LSN, bytes]] | list[tuple[LSN, memoryview]]) -> None:
+    def decode_all(
+        payloads: list[tuple[LSN, bytes]] | list[tuple[LSN, memoryview]], lazy: bool = False
+    ) -> None:
         nonlocal decoder
-        decoder = PgOutputDecoder(proto_version=2)
+        decoder = PgOutputDecoder(proto_version=2, lazy_rows=lazy)
         decode_one = decoder.decode_one
         events[:] = [decode_one(payload, lsn) for lsn, payload in payloads]
 
@@ -235,6 +250,11 @@ def main() -> None:
     print_figure("decode to events (bytes payloads)", messages / decode_seconds, "msg/s", walsender)
     print_figure(
         "decode to events (memoryview payloads)", messages / view_seconds, "msg/s", walsender
+    )
+    lazy_seconds = best_of(repeat, lambda: decode_all(views_stream, lazy=True))
+    lazy_rows = change_rows(events)
+    print_figure(
+        "decode to events, lazy rows (memoryviews)", messages / lazy_seconds, "msg/s", walsender
     )
 
     registry = TypeRegistry(decoder.state.types)
@@ -260,6 +280,22 @@ def main() -> None:
         walsender,
     )
     print_figure("  rows_to_arrow alone", len(rows) / arrow_seconds, "rows/s")
+    # Fresh EncodedRows each run: what an executor gets from the change log (nothing cached).
+    encoded = [(t, EncodedRow(r.data)) for t, r in lazy_rows if isinstance(r, EncodedRow)]
+    assert len(encoded) == len(rows)
+    fresh: list[tuple[Table, Row]] = []
+
+    def arrow_from_encoded() -> None:
+        fresh[:] = [(t, EncodedRow(r.data)) for t, r in encoded]
+        to_arrow_batches(fresh, registry)
+
+    encoded_seconds = best_of(repeat, arrow_from_encoded)
+    print_figure(
+        "  rows_to_arrow from EncodedRows",
+        len(rows) / encoded_seconds,
+        "rows/s",
+        len(rows) / arrow_seconds,
+    )
     print_figure("  row_to_python alone", len(rows) / python_seconds, "rows/s")
 
 
