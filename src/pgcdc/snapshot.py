@@ -562,6 +562,9 @@ def _copy(
         )
     with open_worker(conninfo, snapshot_name, session_settings) as planner:
         specs = snapshot_tables(planner, tables, publications)
+        # The snapshot's rows carry the time it was taken as their commit time (the sinks
+        # record one for every change).
+        taken_at = planner.execute("SELECT now()").fetchone()
         planner.rollback()
     chunks = plan_chunks(specs, chunk_pages)
     lsn = LSN(consistent_point)
@@ -585,7 +588,7 @@ def _copy(
             xid=None,
             commit_lsn=commit_lsn,
             end_lsn=lsn,
-            commit_time=None,
+            commit_time=taken_at[0] if taken_at else None,
             events=events(),
         )
         if not sink.append(txn):

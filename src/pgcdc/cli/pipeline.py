@@ -46,6 +46,12 @@ def register(subparsers: Any) -> None:
         "--no-create-slot", dest="create_slot", action="store_const", const=False, default=None,
         help="fail when the slot does not exist instead of creating it",
     )  # fmt: skip
+    run.add_argument(
+        "--snapshot", choices=("initial", "never"),
+        help="initial (default): a new slot starts with a consistent snapshot of the tables; "
+        "never: only changes made after the slot was created",
+    )  # fmt: skip
+    run.add_argument("--snapshot-workers", type=_positive_int, metavar="N", help="default 4")
     run.add_argument("--changelog", metavar="PATH", help="change log root (default ./changelog)")
     run.add_argument("--lake", metavar="PATH", help="Delta tables root (default ./lake)")
     run.add_argument("--checkpoint", metavar="PATH", help="Spark checkpoint (default ./checkpoint)")
@@ -77,6 +83,8 @@ def handle(args: argparse.Namespace) -> int:
             "slot": args.slot,
             "publications": args.publications,
             "create_slot": args.create_slot,
+            "snapshot": args.snapshot,
+            "snapshot_workers": args.snapshot_workers,
             "changelog": args.changelog,
             "lake": args.lake,
             "checkpoint": args.checkpoint,

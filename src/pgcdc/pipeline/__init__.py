@@ -8,6 +8,8 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     slot = "pgcdc"
     publications = ["pgcdc"]
     create_slot = true
+    snapshot = "initial"          # or "never"
+    snapshot_workers = 4
 
     [paths]
     changelog = "./changelog"
@@ -37,14 +39,18 @@ from typing import Any
 
 import psycopg
 
-from pgcdc.changelog import ChangeLog
+from pgcdc.changelog import ChangeLog, ChangeLogWriter
+from pgcdc.connection.sql import get_slot
 from pgcdc.errors import InvalidOption, PgcdcError
 from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
 from pgcdc.sinks import SinkKind
+from pgcdc.snapshot import SnapshotResult, take_snapshot
 from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, run_once, spark_session, start
 
 log = logging.getLogger(__name__)
+
+SNAPSHOT_MODES = ("initial", "never")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class Settings:
     slot: str = "pgcdc"
     publications: tuple[str, ...] = ("pgcdc",)
     create_slot: bool = True
+    # "initial": a new slot starts with a consistent snapshot of the published tables (as
+    # Debezium's snapshot.mode=initial); "never": only changes from the slot's creation on.
+    snapshot: str = "initial"
+    snapshot_workers: int = 4
     changelog: str = "./changelog"
     lake: str = "./lake"
     checkpoint: str = "./checkpoint"
@@ -96,6 +106,8 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "slot": ("source", "slot", str),
     "publications": ("source", "publications", list),
     "create_slot": ("source", "create_slot", bool),
+    "snapshot": ("source", "snapshot", str),
+    "snapshot_workers": ("source", "snapshot_workers", int),
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
@@ -137,6 +149,10 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
         values["kinds"] = parse_kinds(values["kinds"])
     if "publications" in values:
         values["publications"] = tuple(values["publications"])
+    if values.get("snapshot", "initial") not in SNAPSHOT_MODES:
+        raise InvalidOption(
+            f"snapshot = {values['snapshot']!r}: use one of {', '.join(SNAPSHOT_MODES)}"
+        )
     if not values.get("conninfo"):
         raise InvalidOption(
             "no source database: pass -d/--dbname (a conninfo or URI) or set [source] conninfo "
@@ -156,9 +172,43 @@ def current_wal_lsn(conninfo: str) -> LSN:
 def receive(
     settings: Settings, end_lsn: LSN | None, stop: threading.Event | None
 ) -> ReceiverProgress:
-    """Run the receiver into the change log until ``end_lsn`` or ``stop``."""
+    """Run the receiver into the change log until ``end_lsn`` or ``stop``, after the initial
+    snapshot when this is the pipeline's first start."""
     with ChangeLog(settings.changelog).writer() as writer:
+        initial_snapshot(settings, writer)
         return Receiver(settings.receiver(end_lsn), writer).run(stop)
+
+
+def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult | None:
+    """Snapshot the published tables into an empty change log through a new slot.
+
+    Only a new slot exports the snapshot that matches its start, so an existing slot (or a log
+    that already holds transactions) means the pipeline has started before: nothing to do."""
+    if settings.snapshot != "initial" or writer.last_commit_lsn > 0:
+        return None
+    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+        if get_slot(conn, settings.slot) is not None:
+            log.warning(
+                "slot %s already exists, so no initial snapshot was taken: the lake will hold "
+                "only changes the slot streams (drop the slot to start over with a snapshot)",
+                settings.slot,
+            )
+            return None
+    result = take_snapshot(
+        settings.conninfo,
+        slot=settings.slot,
+        sink=writer,
+        publications=settings.publications,
+        workers=settings.snapshot_workers,
+    )
+    writer.flush()
+    log.info(
+        "initial snapshot: %d rows of %d tables at %s",
+        result.rows,
+        len(result.tables),
+        result.consistent_point,
+    )
+    return result
 
 
 class _Thread(threading.Thread):
