@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from psycopg import ProgrammingError
@@ -97,3 +102,23 @@ def info(message: str) -> None:
 def error_line(message: str) -> None:
     """A typed error as one clear line (its first line; details follow on their own)."""
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop``: long work then flushes, confirms and exits 0, as
+    pg_recvlogical does. Only the main thread can install handlers; elsewhere this does
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

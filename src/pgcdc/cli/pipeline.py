@@ -6,12 +6,16 @@ Settings come from ``--config pipeline.toml`` (see ``pgcdc.pipeline``) with flag
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
-from types import FrameType
 from typing import Any
 
-from pgcdc.cli.common import add_connection_arguments, add_help_argument, conninfo_from, info
+from pgcdc.cli.common import (
+    add_connection_arguments,
+    add_help_argument,
+    conninfo_from,
+    info,
+    stop_on_signals,
+)
 
 
 def _positive_int(text: str) -> int:
@@ -96,16 +100,7 @@ def handle(args: argparse.Namespace) -> int:
         },
     )
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        info(f"signal {signum}: stopping the pipeline")
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_on_signals(stop):
         info(f"pipeline: {settings.changelog} -> {settings.lake} (master {settings.master})")
         pipeline.run(settings, once=args.once, stop=stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return 0

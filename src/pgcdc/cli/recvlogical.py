@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from types import FrameType
 from typing import Protocol
 
 import psycopg
@@ -33,6 +31,7 @@ from pgcdc.cli.common import (
     lsn_argument,
     plugin_option,
     seconds_argument,
+    stop_on_signals,
 )
 from pgcdc.cli.outputs import JsonOutput, TextOutput, open_output_file
 from pgcdc.connection.catalog import type_info
@@ -181,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     validate(args)
     conninfo = conninfo_from(args)
     stop = threading.Event()
-    with _stop_on_signals(stop):
+    with stop_on_signals(stop):
         with _replication_connection(conninfo) as conn:
             server_major = major_version(conn.server_version)
             if args.drop_slot:
@@ -348,24 +347,6 @@ def _type_lookup(conninfo: str) -> Callable[[Iterable[int]], Mapping[int, TypeIn
 
 
 # --- signals and progress ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM ask the stream to stop: it flushes, confirms and exits 0."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @dataclass

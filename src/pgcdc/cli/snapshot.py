@@ -4,12 +4,8 @@ new slot; with ``--then-stream``, the slot's changes follow into the same log.""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 import threading
-from collections.abc import Iterator
-from types import FrameType
 from typing import Any
 
 from pgcdc.cli.common import (
@@ -18,6 +14,7 @@ from pgcdc.cli.common import (
     conninfo_from,
     info,
     lsn_argument,
+    stop_on_signals,
 )
 from pgcdc.errors import InvalidOption
 from pgcdc.receiver import Receiver, ReceiverOptions
@@ -73,24 +70,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-@contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM end streaming after a flush; exit status 0, as pg_recvlogical."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def run(args: argparse.Namespace) -> int:
     from pgcdc.changelog import ChangeLog
 
@@ -103,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidOption("--endpos only applies with --then-stream")
     conninfo = conninfo_from(args)
     stop = threading.Event()
-    with _stop_on_signals(stop), ChangeLog(args.log).writer() as sink:
+    with stop_on_signals(stop), ChangeLog(args.log).writer() as sink:
         result = take_snapshot(
             conninfo,
             slot=args.slot,
