@@ -683,28 +683,23 @@ class PgOutputDecoder:
         return BeginPrepare(lsn, xid, gid, LSN(prepare_lsn), LSN(end_lsn), _time(prepare_time))
 
     def _prepare(self, buf: bytes, lsn: LSN) -> Event:
-        flags, prepare_lsn, end_lsn, prepare_time, xid = _PREPARE(buf, 1)
-        gid, pos = _cstring(buf, 30)
-        self._check_end(buf, pos)
-        return Prepare(
-            lsn, xid, gid, LSN(prepare_lsn), LSN(end_lsn), _time(prepare_time), flags=flags
-        )
+        return self._gid_message(Prepare, buf, lsn)
 
     def _stream_prepare(self, buf: bytes, lsn: LSN) -> Event:
-        flags, prepare_lsn, end_lsn, prepare_time, xid = _PREPARE(buf, 1)
-        gid, pos = _cstring(buf, 30)
-        self._check_end(buf, pos)
-        return StreamPrepare(
-            lsn, xid, gid, LSN(prepare_lsn), LSN(end_lsn), _time(prepare_time), flags=flags
-        )
+        return self._gid_message(StreamPrepare, buf, lsn)
 
     def _commit_prepared(self, buf: bytes, lsn: LSN) -> Event:
-        flags, commit_lsn, end_lsn, commit_time, xid = _PREPARE(buf, 1)
+        return self._gid_message(CommitPrepared, buf, lsn)
+
+    def _gid_message(
+        self, kind: type[Prepare | StreamPrepare | CommitPrepared], buf: bytes, lsn: LSN
+    ) -> Event:
+        """Prepare, Stream Prepare and Commit Prepared share one layout: flags, two LSNs,
+        a time, the xid and the gid."""
+        flags, first_lsn, end_lsn, moment, xid = _PREPARE(buf, 1)
         gid, pos = _cstring(buf, 30)
         self._check_end(buf, pos)
-        return CommitPrepared(
-            lsn, xid, gid, LSN(commit_lsn), LSN(end_lsn), _time(commit_time), flags=flags
-        )
+        return kind(lsn, xid, gid, LSN(first_lsn), LSN(end_lsn), _time(moment), flags=flags)
 
     def _rollback_prepared(self, buf: bytes, lsn: LSN) -> Event:
         flags, prepare_end, rollback_end, prepare_time, rollback_time, xid = _ROLLBACK_PREPARED(
