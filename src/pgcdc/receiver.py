@@ -307,7 +307,9 @@ class Receiver:
         try:
             plugin_options, decoder = self._plugin(conn)
             self._durable = self.sink.flush()
-            with TransactionAssembler(options.assembly) as assembler:
+            with TransactionAssembler(
+                options.assembly, stored_through=self.sink.last_commit_lsn
+            ) as assembler:
                 self._assembler = assembler
                 stream = conn.start_replication(
                     options.slot,

@@ -7,7 +7,7 @@ import pytest
 from pgcdc.errors import TransactionSequenceError
 from pgcdc.events import Event, Insert, Message, Relation, Type
 from pgcdc.lsn import LSN
-from pgcdc.transactions import TransactionAssembler, TransactionOutcome
+from pgcdc.transactions import AssemblyOptions, TransactionAssembler, TransactionOutcome
 
 from .builders import (
     T,
@@ -17,6 +17,7 @@ from .builders import (
     commit,
     commit_prepared,
     ins,
+    materialised,
     message,
     origin,
     prepare,
@@ -239,6 +240,20 @@ def test_emit_at_prepare_settles_prepares_from_before_a_restart() -> None:
 def test_commit_prepared_for_unseen_prepare_is_an_error_when_holding() -> None:
     with pytest.raises(TransactionSequenceError, match="oldest_pending_lsn"):
         run([commit_prepared(220, 800, "g-old")])
+
+
+def test_commit_prepared_already_stored_before_a_restart_is_a_duplicate() -> None:
+    """The log stored g-old's commit at 220, and the slot was then confirmed past its PREPARE
+    (while another transaction was held); after a restart only the decision comes again."""
+    events: list[Event] = [commit_prepared(220, 800, "g-old"), begin(300, 801), ins(301, 1)]
+    with TransactionAssembler(AssemblyOptions(), stored_through=LSN(220)) as assembler:
+        out = list(assembler.feed_all([*events, commit(310)]))
+    assert [row_ids(materialised(t)) for t in out] == [[1]]
+    with (
+        TransactionAssembler(AssemblyOptions(), stored_through=LSN(219)) as assembler,
+        pytest.raises(TransactionSequenceError, match="oldest_pending_lsn"),
+    ):
+        list(assembler.feed_all(events))
 
 
 def test_origin_is_reported_and_filterable() -> None:

@@ -22,8 +22,10 @@ Rules, for every plugin (pgoutput v1-4, test_decoding, openGauss):
   whole again. Prepared transactions are the exception: if the confirmed position passed a
   PREPARE, the server sends only COMMIT/ROLLBACK PREPARED later. A held prepared transaction
   is therefore part of ``oldest_pending_lsn``, and the receiver must never confirm beyond it;
-  a COMMIT PREPARED for an unknown gid raises (its changes would be lost) unless
-  ``emit_at_prepare`` is on, where the consumer already stored the prepared transaction.
+  a COMMIT PREPARED for an unknown gid raises (its changes would be lost) unless it commits at
+  or before ``stored_through`` (the consumer stored it before the restart, and the slot moved
+  past its PREPARE afterwards) or ``emit_at_prepare`` is on, where the consumer already stored
+  the prepared transaction.
 - Origins: an Origin event inside a transaction is reported on it; ``origin_filter='none'``
   drops such transactions.
 - Messages: transactional ones stay in their transaction; non-transactional ones are emitted at
@@ -64,7 +66,7 @@ from pgcdc.events import (
     Type,
     Update,
 )
-from pgcdc.lsn import LSN
+from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions.model import CommittedTransaction, TransactionOutcome
 from pgcdc.transactions.options import AssemblyOptions
 from pgcdc.transactions.sizing import estimate_size
@@ -137,8 +139,13 @@ class TransactionAssembler:
     Use as a context manager (or call ``close``) so spill files are removed on exit.
     """
 
-    def __init__(self, options: AssemblyOptions | None = None) -> None:
+    def __init__(
+        self, options: AssemblyOptions | None = None, *, stored_through: LSN = INVALID_LSN
+    ) -> None:
+        """``stored_through`` is the commit LSN up to which the consumer already holds every
+        transaction (its change log's last commit after a restart)."""
         self.options = options if options is not None else AssemblyOptions()
+        self.stored_through = stored_through
         self._filter = self.options.table_filter
         self._txn_limit = self.options.max_txn_bytes
         self._total_limit = self.options.max_total_bytes
@@ -433,6 +440,10 @@ class TransactionAssembler:
             )
         txn = self._prepared.pop(event.gid, None)
         if txn is None:
+            if event.commit_lsn <= self.stored_through:
+                # Already stored before a restart. The slot was then confirmed past its
+                # PREPARE (nothing was held any more), so the server resends only the decision.
+                return ()
             raise TransactionSequenceError(
                 f"COMMIT PREPARED {event.gid!r} (xid {event.xid}) at {event.lsn}, but its "
                 "PREPARE was not seen: the slot's confirmed position passed the PREPARE before "
