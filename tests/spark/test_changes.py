@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from deltalake import DeltaTable
 
-from pgcdc.changelog import encode
+from pgcdc.changelog import ChangeLog, encode
 from pgcdc.decoding.state import table_to_dict
-from pgcdc.events import Column, Delete, Insert, Table, Update
+from pgcdc.events import Column, Delete, Insert, Table, Type, Update
 from pgcdc.lsn import LSN
 from pgcdc.sinks import DeltaSink, SinkKind, read_table
 from pgcdc.spark.changes import change_tables
 from pgcdc.spark.pipeline import RUNS_PER_BATCH, Chunk, rounds, write_chunks
+from pgcdc.spark.source import PgcdcBatchReader, Settings, read_ipc
 from pgcdc.transactions import CommittedTransaction
 
 V1 = Table("public", "t", (Column("id", 23, is_key=True), Column("name", 25)), oid=7)
@@ -66,3 +68,75 @@ def test_an_added_column_mid_batch_gives_two_runs_written_in_order(tmp_path: Pat
     assert DeltaTable(str(tmp_path / "public" / "t" / "changelog")).transaction_version("a") == (
         version
     )
+
+
+def _txns_with_a_type_and_a_new_column() -> list[CommittedTransaction]:
+    """20 transactions of inserts (and a delete every third); from the 11th, a Type and a
+    column of that type."""
+    mood = Table("public", "t", (*V1.columns, Column("mood", 90001)), oid=7)
+    txns = []
+    for n in range(1, 21):
+        table = V1 if n <= 10 else mood
+        events: list[object] = []
+        if n == 11:
+            events.append(Type(LSN(0x1000 * n - 0x200), 90001, "public", "mood"))
+        for k in range(5):
+            key = str(n * 10 + k)
+            values = (key, f"v{key}") if n <= 10 else (key, f"v{key}", "happy")
+            events.append(Insert(LSN(0x1000 * n - 0x100 + k), table, values))
+        if n % 3 == 0:
+            old = (str(n * 10),) + (None,) * (len(table.columns) - 1)
+            events.append(Delete(LSN(0x1000 * n - 0x10), table, old))
+        txns.append(_txn(n, *events))
+    return txns
+
+
+Found = list[tuple[str, tuple[int, int], list[dict[str, Any]]]]
+
+
+def _read_parts(root: Path, rows_per_partition: int, low: str) -> tuple[int, Found]:
+    options = {
+        "path": str(root),
+        "format": "chunks",
+        "startingLsn": low,
+        "rowsPerPartition": str(rows_per_partition),
+    }
+    reader = PgcdcBatchReader(Settings.parse(options), None)
+    parts = reader.partitions()
+    found: Found = []
+    for part in parts:
+        for batch in reader.read(part):
+            for row in batch.to_pylist():
+                changes = read_ipc(row["chunk"]).drop_columns(["_commit_time"])
+                first = (row["first_commit_lsn"], row["first_seq"])
+                found.append((row["definition"], first, changes.to_pylist()))
+    return len(parts), found
+
+
+def _in_order(found: Found) -> list[tuple[str, dict[str, Any]]]:
+    return [(d, r) for d, _, rows in sorted(found, key=lambda f: f[1]) for r in rows]
+
+
+def test_a_segment_split_into_row_ranges_reads_as_the_whole(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path / "log")
+    with log.writer(frame_bytes=600) as writer:
+        for txn in _txns_with_a_type_and_a_new_column():
+            writer.append(txn)
+        writer.flush()
+    assert len(log.segments()) == 1
+    for low in ("0/0", "0/5000", "0/C000"):
+        whole_parts, whole = _read_parts(tmp_path / "log", 100_000, low)
+        split_parts, split = _read_parts(tmp_path / "log", 7, low)
+        assert whole_parts == 1 and split_parts > 5
+        # The same rows typed the same way (the Type before a part's range counts), in order.
+        assert _in_order(split) == _in_order(whole)
+        expected = [
+            e
+            for t in _txns_with_a_type_and_a_new_column()
+            if t.commit_lsn >= LSN.parse(low)
+            for e in t.events
+            if isinstance(e, Insert | Delete)
+        ]
+        moods = [r.get("mood") for _, r in _in_order(whole)]
+        happy = sum(isinstance(e, Insert) and len(e.new) == 3 for e in expected)
+        assert len(moods) == len(expected) and moods.count("happy") == happy > 0

@@ -101,23 +101,58 @@ def state_at(
     return header.state
 
 
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    """One frame of whole transactions: its row count and commit LSN range (from its header)."""
+
+    rows: int
+    first_commit_lsn: LSN
+    last_commit_lsn: LSN
+
+
+def segment_frames(
+    path: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None
+) -> list[FrameInfo]:
+    """The frames of a segment that hold rows, in order, read from their headers only: what
+    splitting a big segment into row ranges (``read_segment(rows=...)``) needs."""
+    fs, where = fmt.resolve(path, filesystem)
+    with _open(fs, where) as f:
+        scan = fmt.scan(f, f.size(), where, verify=False)
+    return [
+        FrameInfo(ref.header.rows, ref.header.first_commit_lsn, ref.header.last_commit_lsn)
+        for ref in scan.frames
+        if ref.header.rows
+    ]
+
+
 def read_segment(
     path: str | os.PathLike[str],
     from_lsn: int | None = None,
     to_lsn: int | None = None,
     *,
     filesystem: pafs.FileSystem | None = None,
+    rows: tuple[int, int | None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of the whole transactions in a segment with ``from_lsn <= commit_lsn <=
-    to_lsn`` (both inclusive, either may be None), as ``codec.SCHEMA`` record batches."""
+    to_lsn`` (both inclusive, either may be None), as ``codec.SCHEMA`` record batches.
+
+    ``rows=(start, stop)``: only the segment's rows ``start <= n < stop`` (numbered from 0
+    over all its frames, before the LSN filter; ``stop`` None: to the end), so executors can
+    share one big segment by row ranges."""
     fs, where = fmt.resolve(path, filesystem)
     low = 0 if from_lsn is None else int(from_lsn)
     high = (1 << 64) - 1 if to_lsn is None else int(to_lsn)
+    first_row, stop_row = rows if rows is not None else (0, None)
     with _open(fs, where) as f:
         scan = _checked_scan(f, where)
+        number = 0  # the segment's row number at the start of the frame
         for ref in scan.frames:
             frame = ref.header
+            start = number
+            number += frame.rows
             if not frame.rows or frame.last_commit_lsn < low or frame.first_commit_lsn > high:
+                continue
+            if number <= first_row or (stop_row is not None and start >= stop_row):
                 continue
             f.seek(ref.offset)
             head = f.read(fmt.FRAME_HEADER_SIZE)
@@ -127,8 +162,26 @@ def read_segment(
                     f"{where}: frame at offset {ref.offset} fails its checksum; restore the "
                     "segment from a backup or re-read the changes from the server"
                 )
-            for decoded in fmt.decode_payload(payload, where):
+            decoded_batches = fmt.decode_payload(payload, where)
+            if sum(b.num_rows for b in decoded_batches) != frame.rows:
+                raise CorruptChangeLog(
+                    f"{where}: frame at offset {ref.offset} holds a different number of rows "
+                    "than its header says; restore the segment from a backup or re-read the "
+                    "changes from the server"
+                )
+            for decoded in decoded_batches:
                 batch = decoded
+                at, start = start, start + decoded.num_rows
+                if at < first_row or (stop_row is not None and start > stop_row):
+                    begin = max(first_row - at, 0)
+                    end = (
+                        decoded.num_rows
+                        if stop_row is None
+                        else min(stop_row - at, decoded.num_rows)
+                    )
+                    if end <= begin:
+                        continue
+                    batch = batch.slice(begin, end - begin)
                 if frame.first_commit_lsn < low or frame.last_commit_lsn > high:
                     commits = batch.column("commit_lsn")
                     keep = pc.and_(

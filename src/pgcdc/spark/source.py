@@ -17,6 +17,7 @@ Options:
 ``endingLsn``             last commit LSN to read (batch reads)
 ``maxChangesPerBatch``    read limit in log rows (``ReadMaxRows``); transactions stay whole
 ``maxBytesPerBatch``      read limit in change bytes (``ReadMaxBytes``); transactions stay whole
+``rowsPerPartition``      split a segment into tasks of about this many log rows (100000)
 ``decimal``/``temporal``  ``pgcdc.decoding.arrow.ArrowOptions``
 """
 
@@ -50,13 +51,13 @@ from pyspark.sql.types import StructType
 from pgcdc.changelog import ChangeLog, SegmentInfo
 from pgcdc.changelog import segments as fmt
 from pgcdc.changelog.codec import decode_rows
-from pgcdc.changelog.reader import read_segment
+from pgcdc.changelog.reader import FrameInfo, read_segment, segment_frames
 from pgcdc.decoding.arrow import ArrowOptions, arrow_schema
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.state import table_from_dict, table_to_dict, type_from_dict, type_to_dict
 from pgcdc.decoding.values import pg_text, row_to_python
 from pgcdc.errors import InvalidOption
-from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Row, Table, Truncate, Update
+from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Row, Table, Truncate, Type, Update
 from pgcdc.lsn import LSN
 from pgcdc.sinks.changes import TableSpec
 from pgcdc.sinks.delta import changelog_schema, prepare
@@ -64,6 +65,8 @@ from pgcdc.sinks.schema import align, delta_schema
 from pgcdc.spark.changes import change_tables
 
 _MAX_LSN = (1 << 64) - 1
+# A segment with more rows (in the batch's range) is read by several tasks in parallel.
+DEFAULT_PARTITION_ROWS = 100_000
 
 CHUNK_SCHEMA = pa.schema(
     [
@@ -147,6 +150,7 @@ class Settings:
     max_rows: int | None
     max_bytes: int | None
     arrow: ArrowOptions
+    partition_rows: int = DEFAULT_PARTITION_ROWS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Settings:
@@ -182,6 +186,7 @@ class Settings:
             max_rows=_int_option(options, "maxChangesPerBatch"),
             max_bytes=_int_option(options, "maxBytesPerBatch"),
             arrow=arrow,
+            partition_rows=_int_option(options, "rowsPerPartition") or DEFAULT_PARTITION_ROWS,
         )
 
 
@@ -189,15 +194,30 @@ class Settings:
 
 
 class SegmentPartition(InputPartition):
-    """One segment's transactions with ``low <= commit_lsn <= high``; picklable."""
+    """One segment's transactions with ``low <= commit_lsn <= high``; picklable.
 
-    def __init__(self, root: str, path: str, low: int, high: int, types: str) -> None:
-        super().__init__(path)
+    ``rows``: only that range of the segment's rows (a big segment is split so that executors
+    share it; the driver reorders runs by commit LSN, so a transaction may span two parts).
+    ``types`` holds the definitions in force at the segment's start; a part reads the Type rows
+    before its range itself."""
+
+    def __init__(
+        self,
+        root: str,
+        path: str,
+        low: int,
+        high: int,
+        types: str,
+        *,
+        rows: tuple[int, int | None] | None = None,
+    ) -> None:
+        super().__init__((path, rows))
         self.root = root
         self.path = path
         self.low = low
         self.high = high
         self.types = types
+        self.rows = rows
 
 
 def _types(text: str) -> dict[int, TypeInfo]:
@@ -219,13 +239,32 @@ def _segment_batches(partition: SegmentPartition) -> Iterator[pa.RecordBatch]:
     fs, _ = fmt.resolve(partition.root, None)
     # From the segment's start: Type rows before ``low`` still define types (change_tables
     # skips everything else below ``low``).
-    return read_segment(partition.path, None, partition.high, filesystem=fs)
+    return read_segment(partition.path, None, partition.high, filesystem=fs, rows=partition.rows)
+
+
+def _partition_types(partition: SegmentPartition) -> dict[int, TypeInfo]:
+    """The type definitions in force where the partition's rows start."""
+    known = _types(partition.types)
+    if partition.rows is None or partition.rows[0] == 0:
+        return known
+    fs, _ = fmt.resolve(partition.root, None)
+    before = read_segment(
+        partition.path, None, partition.high, filesystem=fs, rows=(0, partition.rows[0])
+    )
+    for batch in before:
+        is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
+        if pc.any(is_type).as_py():
+            for row in decode_rows(batch.filter(is_type)):
+                event = row.event
+                assert isinstance(event, Type)
+                known[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+    return known
 
 
 def _typed_runs(partition: SegmentPartition, settings: Settings) -> Iterator[Any]:
     return change_tables(
         _segment_batches(partition),
-        types=_types(partition.types),
+        types=_partition_types(partition),
         from_lsn=partition.low,
         options=settings.arrow,
     )
@@ -385,6 +424,31 @@ def _summary(log: ChangeLog, info: SegmentInfo, low: int, high: int) -> np.ndarr
     return np.stack([all_commits[starts], counts, all_sizes[starts]], axis=1).astype(np.uint64)
 
 
+def _row_ranges(
+    frames: list[FrameInfo], low: int, high: int, target: int
+) -> list[tuple[int, int | None] | None]:
+    """Row ranges of a segment's frames in [low, high] of about ``target`` rows each, cut at
+    frame starts or inside frames; the first starts at 0 and the last is open-ended, so
+    together they cover every row (``[None]``: the whole segment in one part)."""
+    cuts: list[int] = []
+    number = taken = 0
+    for frame in frames:
+        start = number
+        number += frame.rows
+        if frame.last_commit_lsn < low or frame.first_commit_lsn > high:
+            continue
+        while taken + (number - start) > target:
+            start += target - taken
+            cuts.append(start)
+            taken = 0
+        taken += number - start
+    if not cuts:
+        return [None]
+    bounds: list[int] = [0, *cuts]
+    ends: list[int | None] = [*cuts, None]
+    return [(a, b) for a, b in zip(bounds, ends, strict=True)]
+
+
 class _Reader:
     """What the batch and stream readers share: planning partitions over the log."""
 
@@ -397,20 +461,18 @@ class _Reader:
         parts: list[SegmentPartition] = []
         if high < low:
             return parts
+        fs, _ = fmt.resolve(self.settings.path, None)
         for info in self.log.segments():
             assert info.first_commit_lsn is not None
             if info.last_commit_lsn < low or info.first_commit_lsn > high:
                 continue
-            types = self.log.state_at(info).types
-            parts.append(
-                SegmentPartition(
-                    self.settings.path,
-                    info.path,
-                    low,
-                    high,
-                    json.dumps([type_to_dict(t) for t in types.values()]),
+            types = json.dumps([type_to_dict(t) for t in self.log.state_at(info).types.values()])
+            for rows in _row_ranges(
+                segment_frames(info.path, filesystem=fs), low, high, self.settings.partition_rows
+            ):
+                parts.append(
+                    SegmentPartition(self.settings.path, info.path, low, high, types, rows=rows)
                 )
-            )
         return parts
 
     def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
