@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -267,19 +268,83 @@ def _write_changelog(
     )
 
 
+# Key types whose Arrow grouping equals Python equality of the values (no floats: -0.0/NaN).
+def _groupable(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
+def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Table] | None:
+    """The mirror's end state for an ordered batch without TRUNCATE or unchanged TOAST, in
+    Arrow: (rows whose values each touched key ends with, keys that end deleted). Last write
+    wins per key in (commit LSN, seq) order; a key change deletes the old key. None: the batch
+    needs ``plan`` (TOAST lineage, TRUNCATE, a DELETE without key, float or nested keys)."""
+    keys = list(dspec.key_columns)
+    if not all(_groupable(dspec.schema.field(k).type) for k in keys):
+        return None
+    ops = changes.column(c.OP).combine_chunks()
+    if pc.any(pc.equal(ops, c.TRUNCATE)).as_py():
+        return None
+    if pc.any(pc.greater(pc.list_value_length(changes.column(c.UNCHANGED)), 0)).as_py():
+        return None
+    old = changes.column(c.OLD).combine_chunks()
+    has_old = old.is_valid()
+    is_delete = pc.equal(ops, c.DELETE)
+    if pc.any(pc.and_(is_delete, pc.invert(has_old))).as_py():
+        return None
+    # Events, ordered by 2 * row + (0: the old key goes, 1: the new key is written).
+    number = pa.array(np.arange(changes.num_rows, dtype=np.int64))
+    gone = pc.or_(is_delete, pc.and_(pc.equal(ops, c.UPDATE), has_old))
+    written = pc.invert(is_delete)
+    old_keys = pa.table({k: pc.struct_field(old, k) for k in keys}).filter(gone)
+    new_keys = changes.select(keys).filter(written)
+    order = pa.concat_arrays(
+        [
+            pc.multiply(number.filter(gone), 2),
+            pc.add(pc.multiply(number.filter(written), 2), 1),
+        ]
+    )
+    events = pa.concat_tables([old_keys, new_keys.cast(old_keys.schema)])
+    events = events.append_column("__order", order)
+    last = events.group_by(keys, use_threads=False).aggregate([("__order", "max")])
+    final = last.column("__order_max").to_numpy()
+    upsert = (final % 2) == 1
+    deleted = last.select(keys).filter(pa.array(~upsert))
+    return pa.array(np.sort(final[upsert] // 2)), deleted
+
+
 def _write_mirror(
     path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
 ) -> None:
     table, schema = _ensure(path, _mirror_schema(dspec), dspec, so)
-    p = plan(dspec, changes)
-    upserts = [v for v in p.final.values() if v is not None]
-    deleted = [k for k, v in p.final.items() if v is None]
-    needed = {s[1] for v in upserts for s in v.sources.values() if s[0] == "target"}
-    target, target_rows = _read_target(
-        table, dspec=dspec, keys=needed, versions=upserts, changes=changes, current_only=False
-    )
-    rows = assemble(dspec, changes, upserts, target, target_rows)
-    lineage = [v.row for v in upserts]
+    folded = fold_mirror(dspec, changes)
+    truncate_row: int | None = None
+    if folded is not None:
+        lineage_rows, deleted_keys = folded
+        rows = changes.select(dspec.schema.names).take(lineage_rows)
+        rows = pa.Table.from_arrays(
+            [rows.column(n).combine_chunks() for n in rows.column_names], schema=dspec.schema
+        )
+        lineage: Sequence[int] = lineage_rows.to_pylist()
+    else:
+        p = plan(dspec, changes)
+        truncate_row = p.truncate_row
+        upserts = [v for v in p.final.values() if v is not None]
+        deleted = [k for k, v in p.final.items() if v is None]
+        deleted_keys = pa.table(_key_rows(dspec, deleted))
+        needed = {s[1] for v in upserts for s in v.sources.values() if s[0] == "target"}
+        target, target_rows = _read_target(
+            table, dspec=dspec, keys=needed, versions=upserts, changes=changes, current_only=False
+        )
+        rows = assemble(dspec, changes, upserts, target, target_rows)
+        lineage = [v.row for v in upserts]
     rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
     rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
     rows = rows.append_column(c.TEXT, _take(changes, c.TEXT, lineage))
@@ -290,14 +355,14 @@ def _write_mirror(
         return
     source_schema = schema.append(pa.field(_ACTION, pa.string()))
     upsert_rows = rows.append_column(_ACTION, pa.array(["upsert"] * rows.num_rows, pa.string()))
-    delete_rows = pa.table(_key_rows(dspec, deleted)).append_column(
-        _ACTION, pa.array(["delete"] * len(deleted), pa.string())
+    delete_rows = deleted_keys.append_column(
+        _ACTION, pa.array(["delete"] * deleted_keys.num_rows, pa.string())
     )
     source = pa.concat_tables(
         [align(upsert_rows, source_schema), align(delete_rows, source_schema)]
     )
     written = [*(f.name for f in _mirror_schema(dspec))]
-    if p.truncate_row is not None:
+    if truncate_row is not None:
         written = schema.names  # rows re-created after a TRUNCATE keep nothing of the old ones
     merger = table.merge(
         source,
@@ -315,7 +380,7 @@ def _write_mirror(
         updates={_quote(n): f"s.{_quote(n)}" for n in schema.names},
         predicate=f"s.{_ACTION} = 'upsert'",
     )
-    if p.truncate_row is not None:
+    if truncate_row is not None:
         merger = merger.when_not_matched_by_source_delete()
     merger.execute()
 
