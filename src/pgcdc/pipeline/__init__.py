@@ -46,7 +46,7 @@ from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
 from pgcdc.sinks import SinkKind
 from pgcdc.snapshot import SnapshotResult, take_snapshot
-from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, run_once, spark_session, start
+from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, start
 
 log = logging.getLogger(__name__)
 
@@ -250,20 +250,30 @@ def run(
     with contextlib.ExitStack() as stack:
         if spark is None:
             spark = stack.enter_context(_session(settings))
-        if once:
-            receive(settings, current_wal_lsn(settings.conninfo), None)
-            run_once(spark, settings.pipeline())
-            return
-        receiver = _Thread(lambda: receive(settings, None, stop), "pgcdc-receiver")
+        end_lsn = current_wal_lsn(settings.conninfo) if once else None
+        receiver = _Thread(lambda: receive(settings, end_lsn, stop), "pgcdc-receiver")
         receiver.start()
+        # Spark starts and writes while the receiver is still logging: with --once too, so
+        # the query's start-up and first batches overlap the receiving.
         query = start(spark, settings.pipeline())
         try:
             while not stop.is_set():
                 if receiver.error is not None or not query.isActive:
                     break
+                if once and not receiver.is_alive():
+                    # Everything up to end_lsn is logged: drain it, then stop.
+                    try:
+                        query.processAllAvailable()
+                    except Exception:
+                        if query.exception() is None:
+                            raise
+                    break
                 if on_tick is not None:
                     on_tick(spark)
-                stop.wait(tick_seconds)
+                if once:
+                    receiver.join(min(tick_seconds, 0.2))
+                else:
+                    stop.wait(tick_seconds)
         finally:
             stop.set()
             query.stop()

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -168,10 +169,19 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
     sink = make_sink(config)
 
     def apply(frame: Any, batch_id: int) -> None:
+        started = time.perf_counter()
         chunks = chunks_from_rows(frame.collect())
+        collected = time.perf_counter()
         results = write_chunks(sink, batch_id, chunks)
         written = sum(r.rows for r in results if r.applied)
-        log.info("batch %d: %d chunks, %d rows written", batch_id, len(chunks), written)
+        log.info(
+            "batch %d: %d chunks read in %.2f s, %d rows written in %.2f s",
+            batch_id,
+            len(chunks),
+            collected - started,
+            written,
+            time.perf_counter() - collected,
+        )
 
     writer = (
         reader.load()
