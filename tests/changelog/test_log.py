@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -14,7 +15,7 @@ import pytest
 from pgcdc.changelog import ChangeLog, read_segment
 from pgcdc.changelog.codec import SCHEMA, decode
 from pgcdc.errors import ChangeLogLocked, CorruptChangeLog, UnknownConsumer, UnloggableInput
-from pgcdc.events import Event, Insert, Relation, Type
+from pgcdc.events import EncodedRow, Event, Insert, Relation, Type
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
 
@@ -305,3 +306,86 @@ def test_write_once_filesystems(tmp_path, make):
     kept = [t for t in txns if t.commit_lsn >= last.first_commit_lsn]  # type: ignore[operator]
     assert kept and kept[-1] == txns[-1]
     assert list(log.read_transactions()) == kept
+
+
+def _frames(root) -> list[tuple[int, int, int, int]]:
+    """(flags, first commit, last commit, rows) of every frame, in log order."""
+    from pgcdc.changelog import segments as fmt
+
+    found = []
+    for path in sorted(root.glob("*.pgcdcseg")):
+        with open(path, "rb") as f:
+            scan = fmt.scan(f, os.path.getsize(path), str(path), verify=True)
+        found += [
+            (r.header.flags, r.header.first_commit_lsn, r.header.last_commit_lsn, r.header.rows)
+            for r in scan.frames
+        ]
+    return found
+
+
+def _decoder_rows(txn: CommittedTransaction) -> CommittedTransaction:
+    """``txn`` with its inserts' rows as the decoder hands them out (EncodedRow)."""
+    return replace(
+        txn,
+        events=tuple(
+            replace(e, new=EncodedRow.from_values(e.new)) if isinstance(e, Insert) else e
+            for e in txn.events
+        ),
+    )
+
+
+def _inserts(number: int, rows: int, xids: Callable[[int], int | None]) -> CommittedTransaction:
+    commit = LSN(0x1000000 + number * 0x10000)
+    events = tuple(
+        Insert(
+            commit - 0x8000 + i, TABLE, (str(i), f"row {i}" * (i % 5), b"\x01" * (i % 9)), xids(i)
+        )
+        for i in range(rows)
+    )
+    return CommittedTransaction(number, commit, commit + 8, None, events)
+
+
+@pytest.mark.parametrize("frame_bytes", [1500, 20_000, 4 << 20])
+def test_decoder_rows_are_logged_in_runs_with_the_same_frames(tmp_path, frame_bytes):
+    """Runs of decoder rows take the bulk path; the log reads back the same and is cut into
+    the same frames as when every event is added on its own (tuple rows)."""
+    txns = [
+        _inserts(1, 2, lambda i: None),
+        _inserts(2, 3000, lambda i: None),  # longer than one run
+        transaction(0x35, 40),  # updates and a relation between inserts: event by event
+        _inserts(4, 700, lambda i: 100 + i % 3),  # subtransaction xids
+        _inserts(5, 1, lambda i: 7),
+        _inserts(6, 2500, lambda i: 9),
+    ]
+    options = {"frame_bytes": frame_bytes, "segment_bytes": 64 << 20}
+    write(ChangeLog(tmp_path / "tuples"), txns, **options)
+    decoded = [_decoder_rows(t) for t in txns]
+    log = ChangeLog(tmp_path / "encoded")
+    write(log, decoded, **options)
+    assert list(log.read_transactions()) == txns
+    frames = _frames(tmp_path / "encoded")
+    assert frames == _frames(tmp_path / "tuples")
+    if frame_bytes < 1 << 20:
+        assert len(frames) > len(txns)  # large transactions were cut into several frames
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda e: replace(e, xid=-1),
+        lambda e: replace(e, lsn=-5),
+        lambda e: replace(e, table=replace(TABLE, name="bad\udcff")),
+    ],
+)
+def test_a_bad_event_in_a_run_of_decoder_rows_leaves_no_trace(tmp_path, bad):
+    log = ChangeLog(tmp_path)
+    good = _decoder_rows(_inserts(1, 50, lambda i: None))
+    broken = _decoder_rows(_inserts(2, 50, lambda i: None))
+    events = list(broken.events)
+    events[17] = bad(events[17])
+    with log.writer(frame_bytes=1500) as writer:
+        writer.append(good)
+        with pytest.raises(UnloggableInput):
+            writer.append(replace(broken, events=tuple(events)))
+        assert writer.append(_decoder_rows(_inserts(3, 5, lambda i: None)))
+    assert [t.commit_lsn for t in log.read_transactions()] == [good.commit_lsn, LSN(0x1030000)]

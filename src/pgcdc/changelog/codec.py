@@ -12,12 +12,15 @@ Pure functions: no IO here.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgcdc.decoding import state as decoder_state
 from pgcdc.decoding.pgtypes import TypeInfo
@@ -225,24 +228,18 @@ _TXN_FIELDS = (
     "size",
 )
 _TABLE_FIELDS = ("relation_oid", "namespace", "name")
-_EVENT_FIELDS = ("txn", "seq", "lsn", "kind", "event_xid", "table", "new", "old", "old_is_key")
+_EVENT_FIELDS = ("seq", "lsn", "kind", "event_xid", "table", "new", "old", "old_is_key")
 _SPARSE_FIELDS = tuple(
     f.name
     for f in SCHEMA
     if f.name not in _TXN_FIELDS and f.name not in _TABLE_FIELDS and f.name not in _EVENT_FIELDS
 )
-_EVENT_STRUCT = pa.struct(
-    [
-        ("txn", pa.int32()),
-        *((name, SCHEMA.field(name).type) for name in ("seq", "lsn")),
-        ("kind", pa.int8()),
-        ("event_xid", SCHEMA.field("event_xid").type),
-        ("table", pa.int32()),
-        *((name, SCHEMA.field(name).type) for name in ("new", "old", "old_is_key")),
-    ]
-)
 _U32 = 1 << 32
 _U64 = 1 << 64
+# txn index, seq, lsn, kind, event xid, table index, new, old, old_is_key
+_EventRow = tuple[
+    int, int, int, int, int | None, int | None, bytes | None, bytes | None, bool | None
+]
 _INSERT, _UPDATE, _DELETE = _KIND_INDEX["insert"], _KIND_INDEX["update"], _KIND_INDEX["delete"]
 _RELATION, _TRANSACTION = _KIND_INDEX["relation"], _KIND_INDEX["transaction"]
 _SIMPLE_KINDS: dict[type, int] = {
@@ -255,13 +252,16 @@ _SIMPLE_KINDS: dict[type, int] = {
 class BatchBuilder:
     """Accumulates events of one or more transactions and builds them into a record batch.
 
-    ``add`` returns an estimate of the bytes added, so a writer can cut frames at a size
-    without holding a large transaction in memory.
+    ``add`` (one event) and ``add_many`` (a run of one transaction's events) return an estimate
+    of the bytes added, so a writer can cut frames at a size without holding a large
+    transaction in memory.
 
-    The hot path is one tuple per event: transaction fields are validated and stored once per
-    transaction, table fields once per table (found by object identity: decoders hand out one
-    ``Table`` object per definition), rows as their TupleData bytes; ``build`` transposes the
-    tuples and lets Arrow build each column in bulk.
+    Storage is columnar: transaction fields are validated and stored once per transaction,
+    table fields once per table (found by object identity: decoders hand out one ``Table``
+    object per definition), event positions in ``array.array``s (C integers, nothing for the
+    garbage collector to walk), rows as their TupleData bytes. ``add_many`` fills a run of
+    inserts with a few C-level passes instead of per-event Python work; ``build`` hands the
+    columns to Arrow in bulk.
     """
 
     def __init__(self) -> None:
@@ -270,7 +270,16 @@ class BatchBuilder:
 
     def clear(self) -> None:
         self.rows = 0
-        self._events: list[tuple[Any, ...]] = []
+        # The event columns, one entry per row.
+        self._c_txn = array("i")
+        self._c_seq = array("I")
+        self._c_lsn = array("Q")
+        self._c_kind = array("b")
+        self._c_xid: list[int | None] = []
+        self._c_table = array("i")  # -1: no table
+        self._c_new: list[bytes | None] = []
+        self._c_old: list[bytes | None] = []
+        self._c_old_is_key: list[bool | None] = []
         self._txns: list[tuple[Any, ...]] = []
         self._txn: CommittedTransaction | None = None
         self._txn_pos = -1
@@ -337,13 +346,27 @@ class BatchBuilder:
         self._txn_pos = len(self._txns) - 1
         return self._txn_pos
 
+    def _append(self, row: _EventRow) -> None:
+        """One validated row into every column (appends that cannot fail)."""
+        txn_index, seq, lsn, kind, xid, table, new, old, old_is_key = row
+        self._c_txn.append(txn_index)
+        self._c_seq.append(seq)
+        self._c_lsn.append(lsn)
+        self._c_kind.append(kind)
+        self._c_xid.append(xid)
+        self._c_table.append(-1 if table is None else table)
+        self._c_new.append(new)
+        self._c_old.append(old)
+        self._c_old_is_key.append(old_is_key)
+        self.rows += 1
+
     def add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
         """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
         without events); return its approximate size. Unloggable input raises before
         anything is added, so the builder stays consistent."""
         if type(event) is Insert and txn is self._txn:
-            # The hot path: an insert of the current transaction, a known table, a row from
-            # the decoder, positions the decoder made (LSNs are range-checked when made).
+            # An insert of the current transaction, a known table, a row from the decoder,
+            # positions the decoder made (LSNs are range-checked when made).
             table = event.table
             entry = self._table_ids.get(id(table))
             row = event.new
@@ -359,13 +382,106 @@ class BatchBuilder:
                 and (xid is None or (type(xid) is int and 0 <= xid < _U64))
             ):
                 data = row._data
-                self._events.append(
-                    (self._txn_pos, seq, lsn, _INSERT, xid, entry[1], data, None, None)
-                )
-                self.rows += 1
+                self._append((self._txn_pos, seq, lsn, _INSERT, xid, entry[1], data, None, None))
                 size = len(data) - entry[2]
                 return 64 + size if size > 0 else 64
         return self._add(txn, seq, event)
+
+    def add_run(
+        self,
+        txn: CommittedTransaction,
+        events: Sequence[Event],
+        start: int,
+        room: int,
+        definitions: list[Event],
+    ) -> tuple[int, int]:
+        """Append ``events[start:]`` of ``txn`` (positions are their indexes) until the
+        estimated size reaches ``room``: the event that reaches it is the last one taken.
+        Return the size added and the index after the last event taken; add the Relation and
+        Type events taken to ``definitions``.
+
+        A run of inserts with decoder rows (the common case) is added column by column in
+        C-level passes; anything else goes event by event through ``add``. Unloggable input
+        raises; the events before the failing one may have been added (a writer drops the
+        whole transaction then)."""
+        end = min(len(events), start + _MAX_RUN)
+        if end - start > 1 and end <= _U32:
+            run = events if start == 0 and end == len(events) else events[start:end]
+            if set(map(type, run)) == _INSERTS_ONLY:
+                added = self._add_inserts(txn, start, run, room)  # type: ignore[arg-type]
+                if added is not None:
+                    return added
+        size = 0
+        add = self.add
+        position = start
+        for position in range(start, end):
+            event = events[position]
+            size += add(txn, position, event)
+            if type(event) in _DEFINITIONS:
+                definitions.append(event)
+            if size >= room:
+                break
+        return size, position + 1
+
+    def _add_inserts(
+        self, txn: CommittedTransaction, first_seq: int, events: Sequence[Insert], room: int
+    ) -> tuple[int, int] | None:
+        """``add_run`` for a run of Insert events; None (nothing added) unless every one has
+        an ``EncodedRow``, the same table, an LSN and a valid xid."""
+        count = len(events)
+        tables = list(map(_event_table, events))
+        table = tables[0]
+        if tables.count(table) != count:
+            return None
+        news = list(map(_event_new, events))
+        if set(map(type, news)) != _ENCODED_ONLY:
+            return None
+        xids = set(map(_event_xid, events))
+        if not all(xid is None or (type(xid) is int and 0 <= xid < _U64) for xid in xids):
+            return None
+        datas = list(map(_row_bytes, news))
+        framing = _framing(table)
+        size = 64 * count + sum(map(len, datas)) - framing * count
+        if size >= room:
+            # The frame fills within this run: take the events up to the one that fills it.
+            size = taken = 0
+            for data in datas:
+                taken += 1
+                value_bytes = len(data) - framing
+                size += 64 + value_bytes if value_bytes > 0 else 64
+                if size >= room:
+                    break
+            if taken < count:
+                count = taken
+                events = events[:count]
+                datas = datas[:count]
+                xids = set(map(_event_xid, events))
+        elif size < 64 * count:
+            size = 64 * count
+        txn_index = self._txn_index(txn)
+        table_index = self._table_index(table)
+        lsn_column = self._c_lsn
+        try:
+            lsn_column.extend(map(_event_lsn, events))  # checks every LSN is a uint64
+        except (TypeError, OverflowError):
+            del lsn_column[self.rows :]
+            return None
+        # Validated: the other columns grow by C-level extends that cannot fail.
+        self._c_txn.extend(array("i", (txn_index,)) * count)
+        end = first_seq + count
+        self._c_seq.extend(_SEQ[first_seq:end] if end <= len(_SEQ) else range(first_seq, end))
+        self._c_kind.extend(array("b", (_INSERT,)) * count)
+        if len(xids) == 1:
+            self._c_xid.extend(list(xids) * count)
+        else:
+            self._c_xid.extend(map(_event_xid, events))
+        self._c_table.extend(array("i", (table_index,)) * count)
+        self._c_new.extend(datas)
+        nothing: list[None] = [None] * count
+        self._c_old.extend(nothing)
+        self._c_old_is_key.extend(nothing)
+        self.rows += count
+        return size, end
 
     def _add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
         """``add`` for every event: validates each field."""
@@ -422,8 +538,7 @@ class BatchBuilder:
         # Validated: now add the row.
         if sparse is not None:
             self._sparse[self.rows] = sparse
-        self._events.append((txn_index, seq, lsn, kind, xid, table, new, old, old_is_key))
-        self.rows += 1
+        self._append((txn_index, seq, lsn, kind, xid, table, new, old, old_is_key))
         # The value bytes, as the estimate always counted: TupleData framing (2 bytes, then
         # 5 per value; 1 per NULL) taken off by the table's width, never below zero.
         size = 64
@@ -438,17 +553,9 @@ class BatchBuilder:
     def build(self) -> pa.RecordBatch:
         """The accumulated rows as one batch of ``SCHEMA``; then start afresh."""
         columns: dict[str, pa.Array] = {}
+        rows = self.rows
         try:
-            # One conversion of the event tuples as structs, then their fields: Arrow does the
-            # transposition in C.
-            event_columns = dict(
-                zip(
-                    _EVENT_FIELDS,
-                    pa.array(self._events, type=_EVENT_STRUCT).flatten(),
-                    strict=True,
-                )
-            )
-            txn_index = event_columns["txn"]
+            txn_index = _from_array(pa.int32(), self._c_txn)
             txns = list(zip(*self._txns, strict=True)) or [()] * len(_TXN_FIELDS)
             for name, values in zip(_TXN_FIELDS, txns, strict=True):
                 if name == "outcome":
@@ -457,12 +564,22 @@ class BatchBuilder:
                     )
                 else:
                     columns[name] = pa.array(values, SCHEMA.field(name).type).take(txn_index)
-            for name in ("seq", "lsn", "event_xid", "old_is_key", "new", "old"):
-                columns[name] = event_columns[name]
+            columns["seq"] = _from_array(pa.uint32(), self._c_seq)
+            columns["lsn"] = _from_array(pa.uint64(), self._c_lsn)
             columns["kind"] = pa.DictionaryArray.from_arrays(
-                event_columns["kind"], _KIND_DICTIONARY
+                _from_array(pa.int8(), self._c_kind), _KIND_DICTIONARY
             )
-            table_index = event_columns["table"]
+            column_lists: tuple[tuple[str, list[Any]], ...] = (
+                ("event_xid", self._c_xid),
+                ("new", self._c_new),
+                ("old", self._c_old),
+                ("old_is_key", self._c_old_is_key),
+            )
+            for name, column in column_lists:
+                columns[name] = pa.array(column, SCHEMA.field(name).type)
+            table_index = _from_array(pa.int32(), self._c_table)
+            if -1 in self._c_table:
+                table_index = pc.if_else(pc.less(table_index, 0), None, table_index)
             tables = list(zip(*self._tables, strict=True)) or [()] * len(_TABLE_FIELDS)
             for name, values in zip(_TABLE_FIELDS, tables, strict=True):
                 columns[name] = pa.array(values, SCHEMA.field(name).type).take(table_index)
@@ -471,7 +588,10 @@ class BatchBuilder:
                 pa.array(list(self._table_dictionary), pa.string()),
             )
             for name in _SPARSE_FIELDS:
-                sparse: list[Any] = [None] * self.rows
+                if not self._sparse:
+                    columns[name] = pa.nulls(rows, SCHEMA.field(name).type)
+                    continue
+                sparse: list[Any] = [None] * rows
                 for row, fields in self._sparse.items():
                     sparse[row] = fields.get(name)
                 columns[name] = pa.array(sparse, SCHEMA.field(name).type)
@@ -482,6 +602,28 @@ class BatchBuilder:
         batch = pa.RecordBatch.from_arrays([columns[f.name] for f in SCHEMA], schema=SCHEMA)
         self.clear()
         return batch
+
+
+_INSERTS_ONLY = frozenset((Insert,))
+_ENCODED_ONLY = frozenset((EncodedRow,))
+_LSNS_ONLY = frozenset((LSN,))
+_event_table = attrgetter("table")
+_event_new = attrgetter("new")
+_event_lsn = attrgetter("lsn")
+_event_xid = attrgetter("xid")
+_row_bytes = attrgetter("_data")
+# Positions 0... of a transaction's events, copied into the seq column in one step.
+_SEQ = array("I", range(1 << 16))
+_DEFINITIONS = frozenset((Relation, Type))
+# Events ``add_run`` takes in one go at most.
+_MAX_RUN = 1024
+
+
+def _from_array(arrow_type: pa.DataType, values: array[int]) -> pa.Array:
+    """An Arrow array over an ``array.array``'s buffer (no per-value conversion)."""
+    if not values:
+        return pa.array([], arrow_type)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
 
 
 def _framing(table: Table) -> int:

@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from typing import IO, Any
 
 import pyarrow as pa
@@ -209,17 +210,15 @@ class ChangeLogWriter:
         spilled_from: int | None = None
         first_before = self._segment_first_lsn
         definitions: list[Event] = []
-        add = self._builder.add
+        builder = self._builder
         frame_bytes = self._frame_bytes
         try:
-            seq = -1
-            for seq, event in enumerate(txn.events):
-                self._buffer_bytes += add(txn, seq, event)
-                if type(event) in _DEFINITIONS:
-                    definitions.append(event)
+            added = 0
+            for count in self._add_events(txn, definitions):
+                added += count
                 if self._buffer_bytes < frame_bytes:
                     continue
-                batch = self._builder.build()
+                batch = builder.build()
                 self._buffer_bytes = 0
                 if spilled_from is None:
                     # The first frame of a large transaction: first write the complete ones.
@@ -235,8 +234,8 @@ class ChangeLogWriter:
                     batch = batch.slice(start_rows)
                     start_rows = 0
                 self._write_batch(batch, 0, txn.commit_lsn, txn.commit_lsn, txn.end_lsn)
-            if seq < 0:
-                self._buffer_bytes += self._builder.add(txn, 0, None)
+            if added == 0:
+                self._buffer_bytes += builder.add(txn, 0, None)
         except BaseException:
             self._abandon(start_rows, spilled_from, first_before)
             raise
@@ -248,6 +247,30 @@ class ChangeLogWriter:
         if self._segment_size + self._buffer_bytes >= self._segment_bytes:
             self._finish_segment()
         return True
+
+    def _add_events(self, txn: CommittedTransaction, definitions: list[Event]) -> Iterator[int]:
+        """Add ``txn``'s events to the builder, yielding how many went in each time the
+        buffer grew, so ``append`` can cut a frame once it reaches ``frame_bytes``.
+
+        Events already in memory (a tuple or list) go in runs (``BatchBuilder.add_run``
+        stops at the event that fills the frame); events streamed from a spill file one at a
+        time, so only one of them is held at once."""
+        builder = self._builder
+        events = txn.events
+        if type(events) is tuple or type(events) is list:
+            position, count = 0, len(events)
+            while position < count:
+                room = self._frame_bytes - self._buffer_bytes
+                size, end = builder.add_run(txn, events, position, room, definitions)
+                self._buffer_bytes += size
+                yield end - position
+                position = end
+            return
+        for seq, event in enumerate(events):
+            self._buffer_bytes += builder.add(txn, seq, event)
+            if type(event) in _DEFINITIONS:
+                definitions.append(event)
+            yield 1
 
     def _write_batch(
         self, batch: pa.RecordBatch | None, flags: int, first: LSN | None, last: LSN, end: LSN
