@@ -22,15 +22,20 @@ See docs/types.md.
 
 from __future__ import annotations
 
+import codecs
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.decoding import columnar
 from pgcdc.decoding.values import (
     BoundedList,
     Codec,
@@ -45,8 +50,17 @@ from pgcdc.decoding.values import (
     pg_text,
     registry_for,
 )
-from pgcdc.errors import DecodeError
-from pgcdc.events import UNCHANGED_TOAST, Column, RawValue, Table
+from pgcdc.errors import DecodeError, InvalidRowValue
+from pgcdc.events import (
+    UNCHANGED_TOAST,
+    Column,
+    EncodedRow,
+    RawValue,
+    Row,
+    Table,
+    decode_tuple_data,
+    encode_tuple_data,
+)
 
 DecimalMode = Literal["precise", "double", "string"]
 TemporalMode = Literal["precise", "string"]
@@ -402,6 +416,17 @@ class _Plan:
     schema: pa.Schema
     columns: tuple[tuple[Codec, Converter], ...]
     fast: tuple[str | None, ...]
+    # Resolved type name of each column, and its vectorised kind per format ('t', 'b').
+    names: tuple[str, ...]
+    columnar: tuple[dict[str, str], ...]
+
+
+def _array_element(resolved: ResolvedType) -> str:
+    """The element type name of a one-dimensional, comma-delimited array type, else ''."""
+    element = resolved.element
+    if resolved.name != "array" or element is None or resolved.delimiter != ",":
+        return ""
+    return element.name
 
 
 _plans: dict[tuple[int, int, ArrowOptions], tuple[Table, TypeRegistry, _Plan]] = {}
@@ -415,13 +440,30 @@ def _plan(table: Table, registry: TypeRegistry, options: ArrowOptions) -> _Plan:
     schema = arrow_schema(table, registry, options)
     columns = []
     fast = []
+    names = []
+    kinds = []
+    utf8 = codecs.lookup(registry.encoding).name == "utf-8"
     for column, field in zip(table.columns, schema, strict=False):
         codec = registry.codec(column.type_oid)
         resolved = registry.resolve(column.type_oid)
         convert = _converter(resolved, field.type, options)
         columns.append((codec, convert))
         fast.append(_fast_kind(resolved, field.type, options))
-    plan = _Plan(schema, tuple(columns), tuple(fast))
+        names.append(resolved.name)
+        kinds.append(
+            {
+                fmt: columnar.fast_kind(
+                    resolved.name,
+                    field.type,
+                    fmt,
+                    utf8=utf8,
+                    temporal=options.temporal,
+                    element=_array_element(resolved),
+                )
+                for fmt in ("t", "b")
+            }
+        )
+    plan = _Plan(schema, tuple(columns), tuple(fast), tuple(names), tuple(kinds))
     if len(_plans) >= 4096:
         _plans.clear()
     # The entry holds the table and registry, so their ids cannot be reused while cached.
@@ -435,67 +477,238 @@ def rows_to_arrow(
     options: ArrowOptions = DEFAULT_OPTIONS,
     types: Types = None,
 ) -> pa.RecordBatch:
-    """Many raw rows of ``table`` to one record batch with ``arrow_schema(table)``."""
+    """Many raw rows of ``table`` to one record batch with ``arrow_schema(table)``.
+
+    Rows kept as TupleData (``EncodedRow``, what the change log hands the Spark executors) are
+    decoded column by column with numpy and Arrow compute (``pgcdc.decoding.columnar``);
+    tuples of values row by row. Both give the same batch, or the same DecodeError.
+    """
     registry = registry_for(types)
     plan = _plan(table, registry, options)
     rows = rows if isinstance(rows, list) else list(rows)
+    if len(rows) >= COLUMNAR_MIN_ROWS and any(type(row) is EncodedRow for row in rows):
+        batch = _columnar_batch(table, rows, plan)
+        if batch is not None:
+            return batch
+    return _row_batch(table, rows, plan)
+
+
+COLUMNAR_MIN_ROWS = 8
+"""Fewer EncodedRows than this are decoded row by row: numpy's per-call cost would dominate."""
+
+
+def _convert_values(
+    raws: Sequence[RawValue],
+    rows: Sequence[int],
+    *,
+    index: int,
+    table: Table,
+    plan: _Plan,
+    texts: list[tuple[int, int, str]],
+) -> list[Any]:
+    """Values (never None or unchanged) of column ``index`` through its codec and converter;
+    those its Arrow type cannot hold become null plus a (row, column, text form) entry."""
+    column = table.columns[index]
+    codec, convert = plan.columns[index]
+    text, binary = codec.text, codec.binary
+    values: list[Any] = []
+    append = values.append
+    for number, raw in zip(rows, raws, strict=True):
+        try:
+            value = text(raw) if isinstance(raw, str) else binary(raw)  # type: ignore[arg-type]
+        except Exception:
+            # Again through decode_value: it names type, value and column in a DecodeError.
+            value = decode_value(codec, raw, column, table)  # type: ignore[arg-type]
+        try:
+            append(convert(value))
+        except _Unrepresentable:
+            append(None)
+            # From the decoded value, so text and binary input give the same text (UTC).
+            texts.append((number, index, pg_text(value)))
+    return values
+
+
+def _typed_array(values: list[Any], index: int, table: Table, plan: _Plan) -> pa.Array:
+    field = plan.schema.field(index)
+    try:
+        return pa.array(values, type=field.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise DecodeError(
+            f"column {field.name!r} of {table.qualified_name} does not fit Arrow type "
+            f"{field.type}: {exc}"
+        ) from exc
+
+
+def _text_map(count: int, texts: list[tuple[int, int, str]], table: Table) -> pa.Array:
+    if not texts:
+        return pa.nulls(count, type=TEXT_TYPE)
+    by_row: list[list[tuple[str, str]] | None] = [None] * count
+    for number, index, text in sorted(texts, key=lambda entry: entry[:2]):
+        found = by_row[number]
+        if found is None:
+            found = by_row[number] = []
+        found.append((table.columns[index].name, text))
+    return pa.array(by_row, type=TEXT_TYPE)
+
+
+def _row_batch(table: Table, rows: list[Sequence[RawValue]], plan: _Plan) -> pa.RecordBatch:
+    """The batch built row by row (tuples; EncodedRows decoded one at a time)."""
     width = len(table.columns)
     for row in rows:
-        if len(row) != width:
+        if _width(row) != width:
             raise DecodeError(
                 f"row of {table.qualified_name} has {len(row)} values but the table has "
                 f"{width} columns; the Relation message and the row disagree"
             )
     unchanged: list[list[str]] = [[] for _ in rows]
-    texts: list[list[tuple[str, str]] | None] = [None] * len(rows)
+    texts: list[tuple[int, int, str]] = []
     arrays: list[pa.Array] = []
     by_column = list(zip(*rows, strict=True)) if rows else [()] * width
-    for index, (column, (codec, convert)) in enumerate(
-        zip(table.columns, plan.columns, strict=True)
-    ):
+    for index, column in enumerate(table.columns):
         kind = plan.fast[index]
         if kind is not None:
             fast = _fast_column(kind, by_column[index], plan.schema.field(index).type)
             if fast is not None:
                 arrays.append(fast)
                 continue
-        text, binary = codec.text, codec.binary
-        values: list[Any] = []
-        append = values.append
+        numbers: list[int] = []
+        raws: list[RawValue] = []
         for number, raw in enumerate(by_column[index]):
             if raw is None:
-                append(None)
                 continue
             if raw is UNCHANGED_TOAST:
                 unchanged[number].append(column.name)
-                append(None)
                 continue
-            try:
-                value = text(raw) if isinstance(raw, str) else binary(raw)
-            except Exception:
-                # Again through decode_value: it names type, value and column in a DecodeError
-                # (or succeeds, for bytearray/memoryview input).
-                value = decode_value(codec, raw, column, table)
-            try:
-                append(convert(value))
-            except _Unrepresentable:
-                append(None)
-                found = texts[number]
-                if found is None:
-                    found = texts[number] = []
-                # From the decoded value, so text and binary input give the same text (UTC).
-                found.append((column.name, pg_text(value)))
-        field = plan.schema.field(index)
-        try:
-            arrays.append(pa.array(values, type=field.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            raise DecodeError(
-                f"column {column.name!r} of {table.qualified_name} does not fit Arrow type "
-                f"{field.type}: {exc}"
-            ) from exc
+            numbers.append(number)
+            raws.append(raw)
+        converted = _convert_values(raws, numbers, index=index, table=table, plan=plan, texts=texts)
+        values: list[Any] = [None] * len(rows)
+        for number, value in zip(numbers, converted, strict=True):
+            values[number] = value
+        arrays.append(_typed_array(values, index, table, plan))
     arrays.append(pa.array(unchanged, type=UNCHANGED_TYPE))
-    arrays.append(pa.array(texts, type=TEXT_TYPE))
+    arrays.append(_text_map(len(rows), texts, table))
     return pa.RecordBatch.from_arrays(arrays, schema=plan.schema)
+
+
+def _width(row: Sequence[RawValue]) -> int:
+    """How many values ``row`` has; an EncodedRow too short to hold its column count raises
+    the DecodeError that says so."""
+    try:
+        return len(row)
+    except struct.error:
+        decode_tuple_data(row.data)  # type: ignore[attr-defined]
+        raise DecodeError("TupleData has no column count") from None
+
+
+def _columnar_batch(table: Table, rows: list[Row], plan: _Plan) -> pa.RecordBatch | None:
+    """The batch built column by column from the rows' TupleData; None when a row does not
+    encode or its framing is malformed (the row-by-row path then says what is wrong)."""
+    try:
+        datas = [row.data if type(row) is EncodedRow else encode_tuple_data(row) for row in rows]
+    except InvalidRowValue:
+        return None
+    lengths = np.fromiter(map(len, datas), np.int64, len(datas))
+    ends = np.cumsum(lengths)
+    buffer = columnar.WireBuffer(b"".join(datas))
+    framing = columnar.frame_tuples(buffer, ends - lengths, ends, len(table.columns))
+    if framing is None or bool((framing.ends != ends).any()):
+        return None
+    strings = columnar.text_columns(framing)
+    if strings is None:
+        return None
+    return _framed_batch(table, framing, plan, strings)
+
+
+def framed_to_arrow(
+    table: Table,
+    framing: columnar.Framing,
+    strings: Sequence[pa.Array | None],
+    options: ArrowOptions = DEFAULT_OPTIONS,
+    types: Types = None,
+) -> pa.RecordBatch:
+    """Framed TupleData of ``table`` (``columnar.frame_tuples``), its text columns checked to
+    be UTF-8 (``columnar.text_columns``), to the record batch ``rows_to_arrow`` builds from
+    the same rows (or the same DecodeError)."""
+    return _framed_batch(table, framing, _plan(table, registry_for(types), options), strings)
+
+
+def _framed_batch(
+    table: Table, framing: columnar.Framing, plan: _Plan, strings: Sequence[pa.Array | None]
+) -> pa.RecordBatch:
+    views = framing.columns
+    count = len(framing.ends)
+    texts: list[tuple[int, int, str]] = []
+    arrays: list[pa.Array] = []
+    for index, view in enumerate(views):
+        data_type = plan.schema.field(index).type
+        fmt = view.format()
+        if fmt is None:
+            arrays.append(pa.nulls(count, type=data_type))
+            continue
+        kind = plan.columnar[index].get(fmt, "")
+        result = (
+            columnar.fast_column(kind, plan.names[index], view, data_type, strings[index])
+            if kind
+            else None
+        )
+        leftover: npt.NDArray[np.bool_] | None
+        if result is None:
+            leftover = view.present
+            array = pa.nulls(count, type=data_type)
+        else:
+            array, leftover = result
+        if leftover is not None and bool(leftover.any()):
+            array = _merge_values(
+                array, leftover, view, index=index, table=table, plan=plan, texts=texts
+            )
+        arrays.append(array)
+    arrays.append(_unchanged_lists(table, views, count))
+    arrays.append(_text_map(count, texts, table))
+    return pa.RecordBatch.from_arrays(arrays, schema=plan.schema)
+
+
+def _merge_values(
+    array: pa.Array,
+    leftover: npt.NDArray[np.bool_],
+    view: columnar.ColumnView,
+    *,
+    index: int,
+    table: Table,
+    plan: _Plan,
+    texts: list[tuple[int, int, str]],
+) -> pa.Array:
+    """``array`` with the ``leftover`` rows converted value by value."""
+    rows = np.flatnonzero(leftover)
+    numbers = rows.tolist()
+    values = _convert_values(
+        view.raw_values(rows), numbers, index=index, table=table, plan=plan, texts=texts
+    )
+    if len(rows) == len(array):
+        return _typed_array(values, index, table, plan)
+    if array.null_count == len(array):  # the whole column went per value
+        full: list[Any] = [None] * len(array)
+        for number, value in zip(numbers, values, strict=True):
+            full[number] = value
+        return _typed_array(full, index, table, plan)
+    converted = _typed_array(values, index, table, plan)
+    take = np.arange(len(array), dtype=np.int64)
+    take[rows] = len(array) + np.arange(len(rows), dtype=np.int64)
+    return pa.concat_arrays([array, converted]).take(pa.array(take))
+
+
+def _unchanged_lists(table: Table, views: Sequence[columnar.ColumnView], count: int) -> pa.Array:
+    """Per row, the names of its unchanged-TOAST columns in column order (no per-row Python)."""
+    if not views:
+        return pa.array([[] for _ in range(count)], type=UNCHANGED_TYPE)
+    matrix = np.stack([view.unchanged for view in views], axis=1)
+    offsets = np.zeros(count + 1, np.int32)
+    np.cumsum(matrix.sum(axis=1), out=offsets[1:])
+    _, columns = np.nonzero(matrix)
+    names = pa.array([column.name for column in table.columns], pa.string()).take(
+        pa.array(columns.astype(np.int64))
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), names, type=UNCHANGED_TYPE)
 
 
 def rows_to_table(
@@ -515,6 +728,7 @@ __all__ = [
     "ArrowOptions",
     "arrow_schema",
     "arrow_type",
+    "framed_to_arrow",
     "numeric_precision_scale",
     "rows_to_arrow",
     "rows_to_table",

@@ -1,0 +1,579 @@
+"""Many pgoutput TupleData at once: framing walked column by column with numpy, values built
+as Arrow arrays without a Python object per value.
+
+Per-row Python cannot decode as fast as a walsender streams; this module moves the per-row,
+per-column work into numpy and Arrow compute. ``frame_tuples`` walks the framing of many
+TupleData in one buffer (for column k of every row at once: kind byte, big-endian length,
+next position), giving per column the kind, start and length of each value. ``fast_column``
+turns one column into its typed Arrow array (text format through Arrow casts, binary format
+through numpy views), marking the values it leaves to the per-value codecs (infinities, NaN,
+BC dates, anything unusual) so the caller converts just those the careful way.
+
+Nothing here decides alone: whatever does not match what the per-value codecs would produce
+exactly is either marked for them or makes ``fast_column`` return None (the whole column goes
+per value, which also raises the DecodeError that explains bad input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgcdc.events import UNCHANGED_TOAST, RawValue
+
+__all__ = [
+    "ColumnView",
+    "Framing",
+    "WireBuffer",
+    "fast_column",
+    "fast_kind",
+    "frame_tuples",
+    "text_columns",
+    "text_strings",
+]
+
+Int64s = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
+
+KIND_NULL, KIND_UNCHANGED, KIND_TEXT, KIND_BINARY = (ord(c) for c in "nutb")
+_PAD = b"\0" * 16
+# Arrow's string/binary arrays have int32 offsets; bigger columns go per value.
+_MAX_COLUMN_BYTES = 2**31 - 1
+
+
+class WireBuffer:
+    """One bytes object holding many TupleData, padded so every fixed-width read at a valid
+    position stays inside it, with big-endian views at every byte offset."""
+
+    __slots__ = ("_views", "data", "size", "u8")
+
+    def __init__(self, data: bytes) -> None:
+        self.size = len(data)
+        self.data = data + _PAD
+        self.u8: npt.NDArray[np.uint8] = np.frombuffer(self.data, np.uint8)
+        self._views: dict[str, np.ndarray] = {}
+
+    def view(self, dtype: str) -> np.ndarray:
+        """The buffer read as ``dtype`` (e.g. ``>u4``) starting at every byte: ``view[i]`` is
+        the value whose first byte is at ``i`` (an unaligned, strided view; no copy)."""
+        found = self._views.get(dtype)
+        if found is None:
+            itemsize = np.dtype(dtype).itemsize
+            found = np.ndarray((len(self.data) - itemsize + 1,), dtype, self.data, 0, (1,))
+            self._views[dtype] = found
+        return found
+
+    def slices(self, starts: Int64s, lengths: Int64s, present: Bools) -> pa.Array | None:
+        """The ``present`` values (``lengths`` bytes from ``starts``) as an Arrow binary array.
+
+        The buffer is wrapped (no copy) as a large_binary array whose even elements are the
+        values and odd ones the bytes between them (the values lie in buffer order), and
+        Arrow's ``take`` copies the even ones out: one memcpy per value."""
+        count = len(present)
+        ends = np.where(present, starts + lengths, 0)
+        before = np.zeros(count, np.int64)
+        if count > 1:
+            np.maximum.accumulate(ends[:-1], out=before[1:])
+        first = np.where(present, starts, before)
+        last = np.where(present, ends, before)
+        offsets = np.empty(2 * count + 1, np.int64)
+        offsets[0 : 2 * count : 2] = first
+        offsets[1 : 2 * count : 2] = last
+        offsets[2 * count] = last[-1] if count else 0
+        if count and bool((np.diff(offsets) < 0).any()):
+            values, packed = self.gather(first, np.where(present, lengths, 0))
+            if packed[-1] > _MAX_COLUMN_BYTES:
+                return None
+            return _binary_from(values, packed, present)
+        whole = pa.Array.from_buffers(
+            pa.large_binary(), 2 * count, [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
+        )
+        mask = None if bool(present.all()) else ~present
+        picked = whole.take(pa.array(np.arange(0, 2 * count, 2, dtype=np.int64), mask=mask))
+        if int(np.sum(lengths, where=present)) > _MAX_COLUMN_BYTES:
+            return None
+        return picked.cast(pa.binary())
+
+    def gather(self, starts: Int64s, lengths: Int64s) -> tuple[npt.NDArray[np.uint8], Int64s]:
+        """The bytes of many values, end to end, and their offsets (len(starts) + 1)."""
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return np.zeros(0, np.uint8), offsets
+        index = np.repeat(starts - offsets[:-1], lengths)
+        index += np.arange(total, dtype=np.int64)
+        return self.u8[index], offsets
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnView:
+    """One column of many rows: each value's kind, first byte and length in ``buffer``."""
+
+    buffer: WireBuffer
+    kinds: npt.NDArray[np.uint8]
+    starts: Int64s
+    lengths: Int64s
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def present(self) -> Bools:
+        """Rows with a value (text or binary), not NULL or unchanged TOAST."""
+        present: Bools = (self.kinds == KIND_TEXT) | (self.kinds == KIND_BINARY)
+        return present
+
+    @property
+    def unchanged(self) -> Bools:
+        unchanged: Bools = self.kinds == KIND_UNCHANGED
+        return unchanged
+
+    def format(self) -> str | None:
+        """'t' when every value is text, 'b' when every value is binary, None when there are
+        no values, 'mixed' otherwise."""
+        text = bool((self.kinds == KIND_TEXT).any())
+        binary = bool((self.kinds == KIND_BINARY).any())
+        if text and binary:
+            return "mixed"
+        return "t" if text else "b" if binary else None
+
+    def binary_array(self, skip: int = 0) -> pa.Array | None:
+        """The values (without their first ``skip`` bytes) as one Arrow binary array, null
+        where there is none; None when a value is shorter than ``skip`` or the column does
+        not fit one array."""
+        present = self.present
+        if skip and bool((self.lengths[present] < skip).any()):
+            return None
+        return self.buffer.slices(self.starts + skip, self.lengths - skip, present)
+
+    def raw_values(self, rows: Int64s) -> list[RawValue]:
+        """The raw values of ``rows`` as the per-value path takes them (``str`` decoded with
+        ``surrogatepass`` as ``decode_tuple_data`` does, ``bytes``, None, UNCHANGED_TOAST)."""
+        data = self.buffer.data
+        out: list[RawValue] = []
+        append = out.append
+        for kind, start, length in zip(
+            self.kinds[rows].tolist(),
+            self.starts[rows].tolist(),
+            self.lengths[rows].tolist(),
+            strict=True,
+        ):
+            if kind == KIND_TEXT:
+                append(data[start : start + length].decode("utf-8", "surrogatepass"))
+            elif kind == KIND_BINARY:
+                append(data[start : start + length])
+            elif kind == KIND_UNCHANGED:
+                append(UNCHANGED_TOAST)
+            else:
+                append(None)
+        return out
+
+
+def _binary_from(values: npt.NDArray[np.uint8], offsets: Int64s, present: Bools) -> pa.Array:
+    count = len(present)
+    validity = None
+    nulls = count - int(np.count_nonzero(present))
+    if nulls:
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.binary(),
+        count,
+        [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(values)],
+        null_count=nulls,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """The columns of many TupleData, and where each TupleData ends."""
+
+    columns: tuple[ColumnView, ...]
+    ends: Int64s
+
+
+def frame_tuples(buffer: WireBuffer, starts: Int64s, limits: Int64s, width: int) -> Framing | None:
+    """Walks the TupleData starting at ``starts`` (each must end by its ``limits``), all rows
+    at once, one column at a time. None when any of them is malformed (a column count other
+    than ``width``, an unknown kind, a value past its limit): the caller then reads them one by
+    one, which says what is wrong."""
+    u8 = buffer.u8
+    u32 = buffer.view(">u4")
+    if len(starts) and bool((starts + 2 > limits).any()):
+        return None
+    if bool((buffer.view(">u2")[starts] != width).any()):
+        return None
+    pos = starts + 2
+    columns = []
+    for _ in range(width):
+        if bool((pos >= limits).any()):
+            return None
+        kinds = u8[pos]
+        has_value = (kinds == KIND_TEXT) | (kinds == KIND_BINARY)
+        if not bool(has_value.all()):
+            known = has_value | (kinds == KIND_NULL) | (kinds == KIND_UNCHANGED)
+            if not bool(known.all()):
+                return None
+        lengths = np.where(has_value, u32[pos + 1], 0).astype(np.int64)
+        value_starts = pos + 5
+        pos = np.where(has_value, value_starts + lengths, pos + 1)
+        if bool((pos > limits).any()):
+            return None
+        columns.append(ColumnView(buffer, kinds, value_starts, lengths))
+    return Framing(tuple(columns), pos)
+
+
+# --- typed columns -----------------------------------------------------------------------------
+#
+# ``fast_column`` returns (array, leftover) where ``array`` has the column's Arrow type and
+# ``leftover`` marks the rows (with a value) that the per-value path must convert instead (the
+# array holds null there), or None when the whole column must go per value.
+
+FastResult = tuple[pa.Array, Bools | None] | None
+
+_UUID_TEXT = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+# Text forms the Arrow casts do not read as the codecs do (NaN, infinities, BC): per value.
+_SPECIAL_TEXT = "^-?[A-Za-z]| BC$"
+# Types whose text codec keeps the text as it is (types pgcdc has no codec for included).
+_IDENTITY_TEXT = frozenset(
+    {"text", "varchar", "bpchar", "name", "json", "jsonb", "xml", "enum", "bit", "varbit"}
+    | {"composite", "range", "multirange", "unknown"}
+)
+_CAST_TEXT = frozenset({"int2", "int4", "int8", "oid", "xid", "cid", "float8", "numeric"})
+_TEMPORAL_TEXT = frozenset({"date", "timestamp", "timestamptz"})
+_BINARY_STRINGS = frozenset({"text", "varchar", "bpchar", "name", "json", "xml", "enum"})
+_BINARY_NUMBERS = {
+    "int2": ">i2",
+    "int4": ">i4",
+    "int8": ">i8",
+    "oid": ">u4",
+    "xid": ">u4",
+    "cid": ">u4",
+    "xid8": ">u8",
+    "float4": ">f4",
+    "float8": ">f8",
+}
+_PG_TO_UNIX_DAYS = 10_957
+_PG_TO_UNIX_US = 946_684_800_000_000
+_DATE_INFINITIES = (2**31 - 1, -(2**31))
+_TIMESTAMP_INFINITIES = (2**63 - 1, -(2**63))
+
+
+def fast_kind(
+    name: str,
+    data_type: pa.DataType,
+    fmt: str,
+    *,
+    utf8: bool,
+    temporal: str,
+    element: str = "",
+) -> str:
+    """How a column of type ``name`` in format ``fmt`` ('t' or 'b') is built vectorised, or ''
+    (per value only). ``utf8``: the client encoding is UTF-8 (binary text types are then the
+    bytes of the string); ``element``: an array's element type name (comma-delimited)."""
+    if fmt == "t":
+        if name in _IDENTITY_TEXT and pa.types.is_string(data_type):
+            return "identity"
+        if name == "uuid" and pa.types.is_string(data_type):
+            return "uuid"
+        if name == "bool":
+            return "bool"
+        if name == "bytea":
+            return "bytea_hex"
+        if name in _CAST_TEXT and (name != "numeric" or pa.types.is_decimal(data_type)):
+            return "cast"
+        if name in _TEMPORAL_TEXT and temporal == "precise":
+            return "cast"
+        if name == "array" and element and pa.types.is_list(data_type):
+            inner = fast_kind(element, data_type.value_type, "t", utf8=utf8, temporal=temporal)
+            if inner in ("identity", "uuid", "bool", "cast"):
+                return "array:" + inner
+        return ""
+    if name in _BINARY_STRINGS and utf8 and pa.types.is_string(data_type):
+        return "identity"
+    if name == "jsonb" and utf8 and pa.types.is_string(data_type):
+        return "jsonb"
+    if name in _BINARY_NUMBERS and not pa.types.is_string(data_type):
+        return "number"
+    if name == "bool":
+        return "bool"
+    if name == "bytea":
+        return "bytes"
+    if name == "uuid" and pa.types.is_string(data_type):
+        return "uuid"
+    if name in ("date", "timestamp", "timestamptz") and temporal == "precise":
+        return name
+    return ""
+
+
+def text_strings(column: ColumnView) -> pa.Array | None:
+    """A text column's values as one Arrow string array; None when one is not UTF-8 (or the
+    column is too big for one array)."""
+    binary = column.binary_array()
+    if binary is None:
+        return None
+    try:
+        return binary.cast(pa.string())
+    except pa.ArrowInvalid:
+        return None
+
+
+def text_columns(framing: Framing) -> list[pa.Array | None] | None:
+    """Each column's text values as a string array (None for columns without text), or None
+    when any text value is not UTF-8. Checked for every column before any is converted, as
+    decoding whole rows first does, so a bad byte is reported the same wherever it is."""
+    strings: list[pa.Array | None] = []
+    for view in framing.columns:
+        if view.format() in ("t", "mixed"):
+            found = text_strings(view)
+            if found is None:
+                return None
+            strings.append(found)
+        else:
+            strings.append(None)
+    return strings
+
+
+def fast_column(
+    kind: str, name: str, column: ColumnView, data_type: pa.DataType, strings: pa.Array | None
+) -> FastResult:
+    """Column ``column`` as an Arrow array of ``data_type`` (see ``fast_kind``); ``strings``
+    are its values from ``text_strings`` when it is a text column."""
+    if column.format() == "t":
+        if strings is None:
+            return None
+        if kind in ("identity", "uuid", "bool", "cast"):
+            return _text_column(kind, strings, data_type)
+        if kind.startswith("array:"):
+            return _text_array(kind[6:], strings, data_type)
+    if kind == "bytea_hex":
+        return _bytea_hex(column)
+    if kind in {"identity", "jsonb"}:
+        return _binary_text(column, jsonb=kind == "jsonb")
+    if kind == "number":
+        return _binary_number(name, column, data_type)
+    if kind == "bool":
+        return _binary_bool(column)
+    if kind == "bytes":
+        array = column.binary_array()
+        return None if array is None else (array, None)
+    if kind == "uuid":
+        return _binary_uuid(column)
+    if kind == "date":
+        return _binary_date(column)
+    if kind in ("timestamp", "timestamptz"):
+        return _binary_timestamp(column, data_type)
+    return None
+
+
+def _text_column(kind: str, strings: pa.Array, data_type: pa.DataType) -> FastResult:
+    if strings.null_count == len(strings):
+        return pa.nulls(len(strings), type=data_type), None
+    if kind == "identity":
+        return strings, None
+    if kind == "uuid":
+        canonical = pc.match_substring_regex(strings, _UUID_TEXT)
+        return (strings, None) if pc.all(canonical).as_py() is not False else None
+    if kind == "bool":
+        is_true = pc.equal(strings, "t")
+        known = pc.or_(is_true, pc.equal(strings, "f"))
+        return (is_true, None) if pc.all(known).as_py() is not False else None
+    # Arrow's casts read PostgreSQL's output of these types exactly; its special forms are
+    # left to the codecs.
+    special = pc.match_substring_regex(strings, _SPECIAL_TEXT)
+    leftover: Bools | None = None
+    if pc.any(special).as_py():
+        leftover = special.fill_null(False).to_numpy(zero_copy_only=False)
+        strings = pc.if_else(special, pa.scalar(None, pa.string()), strings)
+    try:
+        return pc.cast(strings, data_type), leftover
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+# One-dimensional arrays with bare elements: no quotes, escapes, spaces or nesting.
+_SIMPLE_ARRAY = r'^\{([^{}"\\\s,]+(,[^{}"\\\s,]+)*)?\}$'
+
+
+def _text_array(element_kind: str, strings: pa.Array, data_type: pa.DataType) -> FastResult:
+    """array_out's ``{a,b,NULL}`` split and its elements converted with Arrow compute; arrays
+    with quoted elements, bounds or more dimensions are left to the codecs."""
+    count = len(strings)
+    simple = pc.match_substring_regex(strings, _SIMPLE_ARRAY)
+    leftover = pc.invert(simple).fill_null(False).to_numpy(zero_copy_only=False)
+    usable = pc.if_else(simple, strings, pa.scalar(None, pa.string()))
+    inner = pc.utf8_slice_codeunits(usable, 1, -1)
+    parts = pc.split_pattern(inner, ",")
+    # '{}' splits into one empty element: drop it, the array is empty.
+    empty = pc.equal(inner, "").fill_null(False).to_numpy(zero_copy_only=False)
+    lengths = pc.list_value_length(parts).fill_null(0).to_numpy(zero_copy_only=False)
+    flat = parts.flatten()
+    if bool(empty.any()):
+        parents = pc.list_parent_indices(parts).to_numpy(zero_copy_only=False)
+        flat = flat.filter(pa.array(~empty[parents]))
+        lengths = np.where(empty, 0, lengths)
+    is_null = pc.equal(pc.ascii_upper(flat), "NULL")
+    flat = pc.if_else(is_null, pa.scalar(None, pa.string()), flat)
+    converted = _text_column(element_kind, flat, data_type.value_type)
+    if converted is None:
+        return None
+    elements, element_leftover = converted
+    offsets = np.zeros(count + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if element_leftover is not None:  # e.g. an infinity: that whole array per value
+        owners = np.repeat(np.arange(count), lengths)[element_leftover]
+        leftover[owners] = True
+    valid = np.asarray(pc.is_valid(usable).to_numpy(zero_copy_only=False)) & ~leftover
+    array = pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)),
+        elements,
+        type=data_type,
+        mask=pa.array(~valid),
+    )
+    return array, (leftover if bool(leftover.any()) else None)
+
+
+def _fixed_width(column: ColumnView, width: int) -> Bools | None:
+    """The rows with a value, when every value is ``width`` bytes (else None)."""
+    present = column.present
+    if bool((column.lengths[present] != width).any()):
+        return None
+    return present
+
+
+def _validity(present: Bools) -> pa.Buffer | None:
+    if bool(present.all()):
+        return None
+    return pa.py_buffer(np.packbits(present, bitorder="little"))
+
+
+def _from_numpy(values: np.ndarray, present: Bools, data_type: pa.DataType) -> pa.Array:
+    mask = None if bool(present.all()) else ~present
+    return pa.array(values, type=data_type, mask=mask)
+
+
+def _binary_number(name: str, column: ColumnView, data_type: pa.DataType) -> FastResult:
+    dtype = _BINARY_NUMBERS[name]
+    present = _fixed_width(column, np.dtype(dtype).itemsize)
+    if present is None:
+        return None
+    values = column.buffer.view(dtype)[np.where(present, column.starts, 0)]
+    native = values.astype(np.dtype(dtype).newbyteorder("="))
+    if name == "xid8":
+        return _from_numpy(native, present, pa.uint64()).cast(data_type), None
+    if name in ("oid", "xid", "cid"):
+        native = native.astype(np.int64)
+    try:
+        return _from_numpy(native, present, data_type), None
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+
+
+def _binary_bool(column: ColumnView) -> FastResult:
+    present = _fixed_width(column, 1)
+    if present is None:
+        return None
+    values = column.buffer.u8[np.where(present, column.starts, 0)]
+    if bool((values[present] > 1).any()):
+        return None
+    return _from_numpy(values == 1, present, pa.bool_()), None
+
+
+def _binary_date(column: ColumnView) -> FastResult:
+    present = _fixed_width(column, 4)
+    if present is None:
+        return None
+    days = column.buffer.view(">i4")[np.where(present, column.starts, 0)].astype(np.int64)
+    infinite = present & np.isin(days, _DATE_INFINITIES)
+    shifted = days + _PG_TO_UNIX_DAYS
+    typed = present & ~infinite
+    if bool((shifted[typed] > 2**31 - 1).any()):
+        return None  # does not fit date32: the per-value path says so
+    array = _from_numpy(np.where(typed, shifted, 0).astype(np.int32), typed, pa.date32())
+    return array, (infinite if bool(infinite.any()) else None)
+
+
+def _binary_timestamp(column: ColumnView, data_type: pa.DataType) -> FastResult:
+    present = _fixed_width(column, 8)
+    if present is None:
+        return None
+    micros = column.buffer.view(">i8")[np.where(present, column.starts, 0)].astype(np.int64)
+    # Infinities and times too late to shift to the Unix epoch in int64: kept as text.
+    leftover = present & (micros > 2**63 - 1 - _PG_TO_UNIX_US)
+    leftover |= present & (micros == -(2**63))
+    typed = present & ~leftover
+    shifted = np.where(typed, micros, 0) + _PG_TO_UNIX_US
+    array = _from_numpy(shifted, typed, data_type)
+    return array, (leftover if bool(leftover.any()) else None)
+
+
+def _binary_text(column: ColumnView, *, jsonb: bool) -> FastResult:
+    present = column.present
+    if jsonb:
+        versions = column.buffer.u8[column.starts[present]]
+        if bool((column.lengths[present] < 1).any()) or bool((versions != 1).any()):
+            return None
+    binary = column.binary_array(skip=1 if jsonb else 0)
+    if binary is None:
+        return None
+    try:
+        return binary.cast(pa.string()), None
+    except pa.ArrowInvalid:
+        return None
+
+
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+_HEX_VALUE = np.full(256, 255, np.uint8)
+for _digit, _char in enumerate(b"0123456789abcdef"):
+    _HEX_VALUE[_char] = _digit
+for _digit, _char in enumerate(b"ABCDEF", 10):
+    _HEX_VALUE[_char] = _digit
+
+
+def _bytea_hex(column: ColumnView) -> FastResult:
+    r"""bytea in hex output (``\x0a1b...``), the default bytea_output; else per value."""
+    present = column.present
+    u8 = column.buffer.u8
+    first = column.starts[present]
+    if bool((column.lengths[present] % 2).any()):
+        return None
+    digits = column.binary_array(skip=2)
+    if digits is None:
+        return None
+    if bool((u8[first] != ord("\\")).any()) or bool((u8[first + 1] != ord("x")).any()):
+        return None
+    _, offset_buffer, data_buffer = digits.buffers()
+    offsets = np.frombuffer(offset_buffer, np.int32, len(present) + 1).astype(np.int64)
+    total = int(offsets[-1])
+    raw = np.frombuffer(data_buffer, np.uint8, total) if total else np.zeros(0, np.uint8)
+    nibbles = _HEX_VALUE[raw]
+    if bool((nibbles == 255).any()):
+        return None
+    values = (nibbles[0::2] << 4) | nibbles[1::2]
+    return _binary_from(values.astype(np.uint8), offsets // 2, present), None
+
+
+# Hex digit positions in the 36-character text form (dashes after 8, 12, 16, 20 digits).
+_UUID_DIGIT_AT = np.array([i for i in range(36) if i not in (8, 13, 18, 23)], np.int64)
+
+
+def _binary_uuid(column: ColumnView) -> FastResult:
+    present = _fixed_width(column, 16)
+    if present is None:
+        return None
+    rows = int(np.count_nonzero(present))
+    index = column.starts[present][:, None] + np.arange(16, dtype=np.int64)
+    raw = column.buffer.u8[index]
+    text = np.full((rows, 36), ord("-"), np.uint8)
+    hexed = np.empty((rows, 32), np.uint8)
+    hexed[:, 0::2] = _HEX_DIGITS[raw >> 4]
+    hexed[:, 1::2] = _HEX_DIGITS[raw & 15]
+    text[:, _UUID_DIGIT_AT] = hexed
+    offsets = np.zeros(len(present) + 1, np.int64)
+    np.cumsum(np.where(present, 36, 0), out=offsets[1:])
+    strings = _binary_from(text.reshape(-1), offsets, present).cast(pa.string())
+    return strings, None
