@@ -1,0 +1,306 @@
+"""Many pgoutput messages straight to typed Arrow batches, without an event per change.
+
+``PgOutputDecoder.decode_one`` costs a few microseconds of Python per message, more than a
+walsender spends producing it. For bulk decoding (a captured stream, the SQL interface, a
+backlog), ``decode_batch`` reads every message's type byte with numpy, hands the few
+non-change messages (Begin, Commit, Relation, Type, stream and two-phase markers) to the
+decoder one by one, and decodes each run of Insert/Update/Delete messages between them column
+by column: the relation OID, the tuple markers and the TupleData framing of all the run's
+changes at once, then typed Arrow columns exactly as ``rows_to_arrow`` builds them.
+
+Anything unusual in a run (an unknown relation, a malformed message, text that is not UTF-8)
+sends that run through ``decode_one`` and ``rows_to_arrow`` instead, which give the same
+batches, or raise the same typed errors, in message order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from pgcdc.decoding import columnar
+from pgcdc.decoding.arrow import DEFAULT_OPTIONS, ArrowOptions, framed_to_arrow, rows_to_arrow
+from pgcdc.decoding.pgoutput import PgOutputDecoder
+from pgcdc.decoding.values import TypeRegistry, Types, registry_for
+from pgcdc.events import Delete, Event, Insert, Row, Table, Update
+from pgcdc.lsn import LSN
+
+__all__ = ["ChangeBatch", "DecodedBatch", "decode_batch"]
+
+Int64s = npt.NDArray[np.int64]
+
+_INSERT, _UPDATE, _DELETE = b"I"[0], b"U"[0], b"D"[0]
+_NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeBatch:
+    """Changes of one table from one run of consecutive change messages, typed.
+
+    ``positions`` are the changes' indexes in the messages given to ``decode_batch`` (in
+    order); ``ops`` holds 'I', 'U' or 'D'. ``new`` has ``arrow_schema(table)``: the new row of
+    inserts and updates, all null for deletes. ``old`` (same schema, None when no change of
+    the batch carried one) holds the old key or row of deletes and of updates that sent one,
+    null rows elsewhere; ``old_is_key`` tells which ('K' rather than 'O').
+    """
+
+    table: Table
+    positions: Int64s
+    ops: pa.Array
+    new: pa.RecordBatch
+    old: pa.RecordBatch | None
+    old_is_key: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    """What ``decode_batch`` returns: the non-change events with their message indexes, and
+    the typed changes, both in message order."""
+
+    events: list[tuple[int, Event]]
+    changes: list[ChangeBatch]
+
+    @property
+    def change_count(self) -> int:
+        return sum(len(batch) for batch in self.changes)
+
+
+def decode_batch(
+    decoder: PgOutputDecoder,
+    payloads: Sequence[bytes | memoryview],
+    lsns: Sequence[LSN],
+    options: ArrowOptions = DEFAULT_OPTIONS,
+    types: Types = None,
+) -> DecodedBatch:
+    """pgoutput ``payloads`` (one message each, at ``lsns``) decoded: changes as typed Arrow
+    batches, other messages as events through ``decoder`` (whose state they update).
+
+    ``types`` defaults to the types the stream announced (``decoder.state.types``).
+    """
+    if len(payloads) != len(lsns):
+        raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
+    registry = registry_for(types if types is not None else decoder.state.types)
+    count = len(payloads)
+    lengths = np.fromiter(map(len, payloads), np.int64, count)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    buffer = columnar.WireBuffer(b"".join(payloads))
+    first = buffer.u8[starts]
+    change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
+    events: list[tuple[int, Event]] = []
+    changes: list[ChangeBatch] = []
+    run_start = 0
+    for index in [*np.flatnonzero(~change).tolist(), count]:
+        if index > run_start:
+            run = _Run(decoder, buffer, first, starts, ends, registry, options)
+            found = run.decode(run_start, index)
+            if found is None:
+                found = _one_by_one(
+                    decoder,
+                    (payloads, lsns),
+                    run_start,
+                    index,
+                    registry=registry,
+                    options=options,
+                )
+            changes.extend(found)
+        if index < count:
+            events.append((index, decoder.decode_one(payloads[index], lsns[index])))
+        run_start = index + 1
+    return DecodedBatch(events, changes)
+
+
+@dataclass
+class _Run:
+    decoder: PgOutputDecoder
+    buffer: columnar.WireBuffer
+    first: npt.NDArray[np.uint8]
+    starts: Int64s
+    ends: Int64s
+    registry: TypeRegistry
+    options: ArrowOptions
+
+    def decode(self, begin: int, end: int) -> list[ChangeBatch] | None:
+        """The changes of messages ``begin`` to ``end`` (all Insert/Update/Delete), grouped by
+        table in order of first appearance; None when any is unusual."""
+        u32 = self.buffer.view(">u4")
+        messages = np.arange(begin, end, dtype=np.int64)
+        body = self.starts[messages] + (1 if self.decoder.state.stream_xid is None else 5)
+        limits = self.ends[messages]
+        if bool((body + 5 > limits).any()):
+            return None
+        oids = u32[body]
+        unique, first_seen, group_of = np.unique(oids, return_index=True, return_inverse=True)
+        relations = self.decoder.state.relations
+        # Every message of the run is read and checked before any value is converted, as
+        # decode_one would have read them all before rows_to_arrow ran.
+        framed = []
+        for group in np.argsort(first_seen, kind="stable").tolist():
+            table = relations.get(int(unique[group]))
+            if table is None:
+                return None
+            rows = np.flatnonzero(group_of == group)
+            found = self._frame(table, messages[rows], body[rows], limits[rows])
+            if found is None:
+                return None
+            framed.append(found)
+        return [frame.typed(self.options, self.registry) for frame in framed]
+
+    def _frame(
+        self, table: Table, messages: Int64s, body: Int64s, limits: Int64s
+    ) -> _Framed | None:
+        u8 = self.buffer.u8
+        ops = self.first[messages]
+        marker = u8[body + 4]
+        is_new = marker == _NEW
+        has_old = (marker == _KEY) | (marker == _OLD)
+        valid = np.where(
+            ops == _INSERT, is_new, np.where(ops == _DELETE, has_old, is_new | has_old)
+        )
+        if not bool(valid.all()):
+            return None
+        width = len(table.columns)
+        framing = columnar.frame_tuples(self.buffer, body + 5, limits, width)
+        if framing is None:
+            return None
+        two = (ops == _UPDATE) & has_old
+        ends = framing.ends
+        if bool((ends[~two] != limits[~two]).any()):
+            return None
+        second: columnar.Framing | None = None
+        if bool(two.any()):
+            after = ends[two]
+            if bool((after >= limits[two]).any()) or bool((u8[after] != _NEW).any()):
+                return None
+            second = columnar.frame_tuples(self.buffer, after + 1, limits[two], width)
+            if second is None or bool((second.ends != limits[two]).any()):
+                return None
+        count = len(messages)
+        new_parts = [(np.flatnonzero(~has_old), framing, np.flatnonzero(~has_old))]
+        if second is not None:
+            new_parts.append((np.flatnonzero(two), second, np.arange(int(two.sum()))))
+        new = _select(count, width, new_parts)
+        new_strings = columnar.text_columns(new)
+        if new_strings is None:
+            return None
+        old: tuple[columnar.Framing, list[pa.Array | None]] | None = None
+        if bool(has_old.any()):
+            old_rows = np.flatnonzero(has_old)
+            old_framing = _select(count, width, [(old_rows, framing, old_rows)])
+            old_strings = columnar.text_columns(old_framing)
+            if old_strings is None:
+                return None
+            old = (old_framing, old_strings)
+        return _Framed(table, messages, ops, marker == _KEY, (new, new_strings), old)
+
+
+@dataclass(frozen=True, slots=True)
+class _Framed:
+    """One table's changes of a run, read and checked, not yet converted."""
+
+    table: Table
+    messages: Int64s
+    ops: npt.NDArray[np.uint8]
+    old_is_key: npt.NDArray[np.bool_]
+    new: tuple[columnar.Framing, list[pa.Array | None]]
+    old: tuple[columnar.Framing, list[pa.Array | None]] | None
+
+    def typed(self, options: ArrowOptions, registry: TypeRegistry) -> ChangeBatch:
+        table = self.table
+        new = framed_to_arrow(table, *self.new, options, registry)
+        old = None if self.old is None else framed_to_arrow(table, *self.old, options, registry)
+        return ChangeBatch(table, self.messages, _op_strings(self.ops), new, old, self.old_is_key)
+
+
+def _op_strings(ops: npt.NDArray[np.uint8]) -> pa.Array:
+    """The one-letter operation codes as an Arrow string array, without a str per change."""
+    offsets = np.arange(len(ops) + 1, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), len(ops), [None, pa.py_buffer(offsets), pa.py_buffer(ops.tobytes())]
+    )
+
+
+def _select(
+    count: int, width: int, parts: list[tuple[Int64s, columnar.Framing, Int64s]]
+) -> columnar.Framing:
+    """One framing of ``count`` rows: row ``rows[i]`` from row ``taken[i]`` of a part's
+    framing, for each (rows, framing, taken) part; NULL everywhere else."""
+    buffer = parts[0][1].columns[0].buffer if width else None
+    views = []
+    for k in range(width):
+        kinds = np.full(count, columnar.KIND_NULL, np.uint8)
+        starts = np.zeros(count, np.int64)
+        lengths = np.zeros(count, np.int64)
+        for rows, framing, taken in parts:
+            view = framing.columns[k]
+            kinds[rows] = view.kinds[taken]
+            starts[rows] = view.starts[taken]
+            lengths[rows] = view.lengths[taken]
+        assert buffer is not None
+        views.append(columnar.ColumnView(buffer, kinds, starts, lengths))
+    return columnar.Framing(tuple(views), np.zeros(count, np.int64))
+
+
+def _one_by_one(
+    decoder: PgOutputDecoder,
+    messages: tuple[Sequence[bytes | memoryview], Sequence[LSN]],
+    begin: int,
+    end: int,
+    *,
+    registry: TypeRegistry,
+    options: ArrowOptions,
+) -> list[ChangeBatch]:
+    """The run through ``decode_one`` and ``rows_to_arrow``: the reference path, and the one
+    that raises the typed error naming the message that is wrong."""
+    groups: dict[int, tuple[Table, list[int], list[str], list[Row | None], list[Row | None]]] = {}
+    keys: dict[int, list[bool]] = {}
+    payloads, lsns = messages
+    for index in range(begin, end):
+        event = decoder.decode_one(payloads[index], lsns[index])
+        if not isinstance(event, (Insert, Update, Delete)):
+            raise AssertionError(f"message {index} is not a change")  # pragma: no cover
+        group = groups.setdefault(id(event.table), (event.table, [], [], [], []))
+        key = keys.setdefault(id(event.table), [])
+        group[1].append(index)
+        if isinstance(event, Insert):
+            group[2].append("I")
+            group[3].append(event.new)
+            group[4].append(None)
+            key.append(False)
+        elif isinstance(event, Update):
+            group[2].append("U")
+            group[3].append(event.new)
+            group[4].append(event.old)
+            key.append(event.old is not None and event.old_is_key)
+        else:
+            group[2].append("D")
+            group[3].append(None)
+            group[4].append(event.old)
+            key.append(event.old_is_key)
+    batches = []
+    for table_id, (table, positions, ops, news, olds) in groups.items():
+        nulls: Row = (None,) * len(table.columns)
+        new_rows = [r if r is not None else nulls for r in news]
+        new = rows_to_arrow(table, new_rows, options, registry)
+        old = None
+        if any(r is not None for r in olds):
+            old_rows = [r if r is not None else nulls for r in olds]
+            old = rows_to_arrow(table, old_rows, options, registry)
+        batches.append(
+            ChangeBatch(
+                table,
+                np.array(positions, np.int64),
+                pa.array(ops, pa.string()),
+                new,
+                old,
+                np.array(keys[table_id], np.bool_),
+            )
+        )
+    return batches
