@@ -12,10 +12,12 @@ workload, and every baseline is measured in this run on the same WAL:
 
 Decoding is measured to events (``PgOutputDecoder``, from ``bytes`` and from the
 ``memoryview`` payloads the stream hands out), to typed Python values per value
-(``TypeRegistry.row_to_python``) and to typed Arrow batches (``rows_to_arrow``, the Spark
-executors' path, from tuples and from the ``EncodedRow``s the change log hands out). Lazy rows
-(``lazy_rows=True``, what the receiver uses) only walk the tuple framing. Target (issue 3):
-decoding at 3x the walsender's rate or better.
+(``TypeRegistry.row_to_python``) and to typed Arrow batches: ``decode_batch`` (the columnar
+path: every message of the captured stream decoded, changes straight to typed Arrow, in
+chunks of ARROW_BATCH_ROWS messages), and ``rows_to_arrow`` (the Spark executors' path) from
+tuples (row by row, per value) and from the ``EncodedRow``s the change log hands out (column
+by column). Lazy rows (``lazy_rows=True``, what the receiver uses) only walk the tuple
+framing. Target (issue 3): decoding to typed values at 3x the walsender's rate or better.
 
     python3 bench/decode.py [--rows 200000] [--version 18] [--repeat 3] [--binary]
 """
@@ -36,6 +38,7 @@ from common import current_lsn, pg_recvlogical_drain, print_figure, start_cluste
 from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.decoding.arrow import rows_to_arrow
+from pgcdc.decoding.batch import decode_batch
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.decoding.values import TypeRegistry
 from pgcdc.events import Delete, EncodedRow, Event, Insert, Row, Table, Update
@@ -258,7 +261,8 @@ def main() -> None:
     )
 
     registry = TypeRegistry(decoder.state.types)
-    rows = change_rows(events)
+    # Tuples of raw values (what a non-lazy decoder gives): the row-by-row, per-value path.
+    rows = [(table, tuple(row)) for table, row in change_rows(events)]
 
     def typed_python() -> None:
         row_to_python = registry.row_to_python
@@ -267,6 +271,27 @@ def main() -> None:
 
     python_seconds = best_of(repeat, typed_python)
     arrow_seconds = best_of(repeat, lambda: to_arrow_batches(rows, registry))
+
+    def columnar_batches() -> int:
+        """Every message, ARROW_BATCH_ROWS at a time, to events and typed Arrow batches."""
+        batch_decoder = PgOutputDecoder(proto_version=2, lazy_rows=True)
+        changes = 0
+        for first in range(0, messages, ARROW_BATCH_ROWS):
+            chunk = views_stream[first : first + ARROW_BATCH_ROWS]
+            decoded = decode_batch(
+                batch_decoder, [payload for _, payload in chunk], [lsn for lsn, _ in chunk]
+            )
+            changes += decoded.change_count
+        return changes
+
+    assert columnar_batches() == len(rows)
+    columnar_seconds = best_of(repeat, columnar_batches)
+    print_figure(
+        "decode to typed Arrow, columnar (decode_batch)",
+        messages / columnar_seconds,
+        "msg/s",
+        walsender,
+    )
     print_figure(
         "decode + typed Python values (row_to_python)",
         messages / (decode_seconds + python_seconds),
@@ -274,12 +299,12 @@ def main() -> None:
         walsender,
     )
     print_figure(
-        f"decode + typed Arrow ({ARROW_BATCH_ROWS:,}-row rows_to_arrow)",
+        f"decode + typed Arrow ({ARROW_BATCH_ROWS:,}-row rows_to_arrow, tuples)",
         messages / (decode_seconds + arrow_seconds),
         "msg/s",
         walsender,
     )
-    print_figure("  rows_to_arrow alone", len(rows) / arrow_seconds, "rows/s")
+    print_figure("  rows_to_arrow alone (tuples, row by row)", len(rows) / arrow_seconds, "rows/s")
     # Fresh EncodedRows each run: what an executor gets from the change log (nothing cached).
     encoded = [(t, EncodedRow(r.data)) for t, r in lazy_rows if isinstance(r, EncodedRow)]
     assert len(encoded) == len(rows)
@@ -291,7 +316,7 @@ def main() -> None:
 
     encoded_seconds = best_of(repeat, arrow_from_encoded)
     print_figure(
-        "  rows_to_arrow from EncodedRows",
+        "  rows_to_arrow from EncodedRows (columnar)",
         len(rows) / encoded_seconds,
         "rows/s",
         len(rows) / arrow_seconds,

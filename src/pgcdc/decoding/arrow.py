@@ -699,9 +699,11 @@ def _merge_values(
 
 def _unchanged_lists(table: Table, views: Sequence[columnar.ColumnView], count: int) -> pa.Array:
     """Per row, the names of its unchanged-TOAST columns in column order (no per-row Python)."""
-    if not views:
-        return pa.array([[] for _ in range(count)], type=UNCHANGED_TYPE)
-    matrix = np.stack([view.unchanged for view in views], axis=1)
+    masks = [view.unchanged for view in views]
+    if not any(bool(mask.any()) for mask in masks):
+        empty = pa.array([], pa.string())
+        return pa.ListArray.from_arrays(pa.array(np.zeros(count + 1, np.int32)), empty)
+    matrix = np.stack(masks, axis=1)
     offsets = np.zeros(count + 1, np.int32)
     np.cumsum(matrix.sum(axis=1), out=offsets[1:])
     _, columns = np.nonzero(matrix)

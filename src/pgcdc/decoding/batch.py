@@ -137,7 +137,11 @@ class _Run:
         if bool((body + 5 > limits).any()):
             return None
         oids = u32[body]
-        unique, first_seen, group_of = np.unique(oids, return_index=True, return_inverse=True)
+        if bool((oids == oids[0]).all()):  # the usual run: one table
+            unique, first_seen = oids[:1], np.zeros(1, np.int64)
+            group_of = np.zeros(len(oids), np.int64)
+        else:
+            unique, first_seen, group_of = np.unique(oids, return_index=True, return_inverse=True)
         relations = self.decoder.state.relations
         # Every message of the run is read and checked before any value is converted, as
         # decode_one would have read them all before rows_to_arrow ran.
@@ -232,6 +236,8 @@ def _select(
 ) -> columnar.Framing:
     """One framing of ``count`` rows: row ``rows[i]`` from row ``taken[i]`` of a part's
     framing, for each (rows, framing, taken) part; NULL everywhere else."""
+    if len(parts) == 1 and len(parts[0][0]) == count:  # every row, in order: as it is
+        return parts[0][1]
     buffer = parts[0][1].columns[0].buffer if width else None
     views = []
     for k in range(width):

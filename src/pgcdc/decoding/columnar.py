@@ -71,8 +71,9 @@ class WireBuffer:
         """The ``present`` values (``lengths`` bytes from ``starts``) as an Arrow binary array.
 
         The buffer is wrapped (no copy) as a large_binary array whose even elements are the
-        values and odd ones the bytes between them (the values lie in buffer order), and
-        Arrow's ``take`` copies the even ones out: one memcpy per value."""
+        values and odd ones the bytes between them, and Arrow's ``take`` copies the even ones
+        out: one memcpy per value. The values must lie in buffer order, as column k of
+        consecutive TupleData (or messages) does."""
         count = len(present)
         ends = np.where(present, starts + lengths, 0)
         before = np.zeros(count, np.int64)
@@ -84,11 +85,6 @@ class WireBuffer:
         offsets[0 : 2 * count : 2] = first
         offsets[1 : 2 * count : 2] = last
         offsets[2 * count] = last[-1] if count else 0
-        if count and bool((np.diff(offsets) < 0).any()):
-            values, packed = self.gather(first, np.where(present, lengths, 0))
-            if packed[-1] > _MAX_COLUMN_BYTES:
-                return None
-            return _binary_from(values, packed, present)
         whole = pa.Array.from_buffers(
             pa.large_binary(), 2 * count, [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
         )
@@ -98,34 +94,33 @@ class WireBuffer:
             return None
         return picked.cast(pa.binary())
 
-    def gather(self, starts: Int64s, lengths: Int64s) -> tuple[npt.NDArray[np.uint8], Int64s]:
-        """The bytes of many values, end to end, and their offsets (len(starts) + 1)."""
-        offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        if total == 0:
-            return np.zeros(0, np.uint8), offsets
-        index = np.repeat(starts - offsets[:-1], lengths)
-        index += np.arange(total, dtype=np.int64)
-        return self.u8[index], offsets
 
-
-@dataclass(frozen=True, slots=True)
 class ColumnView:
-    """One column of many rows: each value's kind, first byte and length in ``buffer``."""
+    """One column of many rows: each value's kind, first byte and length in ``buffer``.
 
-    buffer: WireBuffer
-    kinds: npt.NDArray[np.uint8]
-    starts: Int64s
-    lengths: Int64s
+    ``present`` (rows with a text or binary value, not NULL or unchanged TOAST), ``unchanged``
+    and ``format`` are computed once, on first use."""
+
+    __slots__ = ("_format", "_present", "buffer", "kinds", "lengths", "starts")
+
+    def __init__(
+        self, buffer: WireBuffer, kinds: npt.NDArray[np.uint8], starts: Int64s, lengths: Int64s
+    ) -> None:
+        self.buffer = buffer
+        self.kinds = kinds
+        self.starts = starts
+        self.lengths = lengths
+        self._present: Bools | None = None
+        self._format: str | None = "?"  # not known yet
 
     def __len__(self) -> int:
         return len(self.kinds)
 
     @property
     def present(self) -> Bools:
-        """Rows with a value (text or binary), not NULL or unchanged TOAST."""
-        present: Bools = (self.kinds == KIND_TEXT) | (self.kinds == KIND_BINARY)
+        present = self._present
+        if present is None:
+            present = self._present = (self.kinds == KIND_TEXT) | (self.kinds == KIND_BINARY)
         return present
 
     @property
@@ -136,11 +131,13 @@ class ColumnView:
     def format(self) -> str | None:
         """'t' when every value is text, 'b' when every value is binary, None when there are
         no values, 'mixed' otherwise."""
-        text = bool((self.kinds == KIND_TEXT).any())
-        binary = bool((self.kinds == KIND_BINARY).any())
-        if text and binary:
-            return "mixed"
-        return "t" if text else "b" if binary else None
+        found = self._format
+        if found == "?":
+            text = bool((self.kinds == KIND_TEXT).any())
+            binary = bool((self.kinds == KIND_BINARY).any())
+            found = "mixed" if text and binary else "t" if text else "b" if binary else None
+            self._format = found
+        return found
 
     def binary_array(self, skip: int = 0) -> pa.Array | None:
         """The values (without their first ``skip`` bytes) as one Arrow binary array, null
@@ -235,9 +232,6 @@ def frame_tuples(buffer: WireBuffer, starts: Int64s, limits: Int64s, width: int)
 
 FastResult = tuple[pa.Array, Bools | None] | None
 
-_UUID_TEXT = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-# Text forms the Arrow casts do not read as the codecs do (NaN, infinities, BC): per value.
-_SPECIAL_TEXT = "^-?[A-Za-z]| BC$"
 # Types whose text codec keeps the text as it is (types pgcdc has no codec for included).
 _IDENTITY_TEXT = frozenset(
     {"text", "varchar", "bpchar", "name", "json", "jsonb", "xml", "enum", "bit", "varbit"}
@@ -316,10 +310,40 @@ def text_strings(column: ColumnView) -> pa.Array | None:
     binary = column.binary_array()
     if binary is None:
         return None
+    return _utf8(binary)
+
+
+def _utf8(binary: pa.Array) -> pa.Array | None:
+    """``binary`` as a string array, or None when a value is not UTF-8. ASCII data (the usual
+    case) is checked with numpy and reinterpreted without a copy; the rest by Arrow's cast."""
+    data = _data_bytes(binary)
+    if not len(data) or int(data.max()) < 0x80:
+        return pa.Array.from_buffers(
+            pa.string(), len(binary), binary.buffers(), binary.null_count, binary.offset
+        )
     try:
         return binary.cast(pa.string())
     except pa.ArrowInvalid:
         return None
+
+
+def _data_bytes(array: pa.Array) -> npt.NDArray[np.uint8]:
+    """The value bytes of a binary/string array (from its first to its last value)."""
+    _, offset_buffer, data_buffer = array.buffers()
+    if offset_buffer is None or data_buffer is None or not len(array):
+        return np.zeros(0, np.uint8)
+    offsets = np.frombuffer(offset_buffer, np.int32, len(array) + 1, array.offset * 4)
+    first, last = int(offsets[0]), int(offsets[-1])
+    return np.frombuffer(data_buffer, np.uint8, last - first, first)
+
+
+def _offsets(array: pa.Array) -> npt.NDArray[np.int64]:
+    """A binary/string array's value offsets, relative to its first value."""
+    offset_buffer = array.buffers()[1]
+    if offset_buffer is None or not len(array):
+        return np.zeros(len(array) + 1, np.int64)
+    offsets = np.frombuffer(offset_buffer, np.int32, len(array) + 1, array.offset * 4)
+    return offsets.astype(np.int64) - int(offsets[0])
 
 
 def text_columns(framing: Framing) -> list[pa.Array | None] | None:
@@ -351,7 +375,7 @@ def fast_column(
         if kind.startswith("array:"):
             return _text_array(kind[6:], strings, data_type)
     if kind == "bytea_hex":
-        return _bytea_hex(column)
+        return None if strings is None else _bytea_hex(strings)
     if kind in {"identity", "jsonb"}:
         return _binary_text(column, jsonb=kind == "jsonb")
     if kind == "number":
@@ -370,25 +394,51 @@ def fast_column(
     return None
 
 
+_LETTER = np.zeros(256, np.bool_)
+_LETTER[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", np.uint8)] = True
+
+
+def _special_forms(strings: pa.Array) -> Bools | None:
+    """The values the Arrow casts do not read as the codecs do, left to the codecs: words
+    (NaN, Infinity, -infinity) and BC dates and timestamps; None when there are none."""
+    data = _data_bytes(strings)
+    if not len(data):
+        return None
+    offsets = _offsets(strings)
+    starts, ends = offsets[:-1], offsets[1:]
+    present = ends > starts
+    padded = np.concatenate([data, np.zeros(2, np.uint8)])
+    first = padded[starts]
+    word = _LETTER[first] | ((first == ord("-")) & _LETTER[padded[starts + 1]])
+    tail = np.maximum(ends - 3, 0)
+    bc = (ends - starts >= 3) & (padded[tail] == ord(" "))
+    bc &= (padded[tail + 1] == ord("B")) & (padded[tail + 2] == ord("C"))
+    special = present & (word | bc)
+    return special if bool(special.any()) else None
+
+
 def _text_column(kind: str, strings: pa.Array, data_type: pa.DataType) -> FastResult:
     if strings.null_count == len(strings):
         return pa.nulls(len(strings), type=data_type), None
     if kind == "identity":
         return strings, None
     if kind == "uuid":
-        canonical = pc.match_substring_regex(strings, _UUID_TEXT)
-        return (strings, None) if pc.all(canonical).as_py() is not False else None
+        return (strings, None) if _canonical_uuids(strings) else None
     if kind == "bool":
-        is_true = pc.equal(strings, "t")
-        known = pc.or_(is_true, pc.equal(strings, "f"))
-        return (is_true, None) if pc.all(known).as_py() is not False else None
+        present = strings.is_valid().to_numpy(zero_copy_only=False)
+        if bool((np.diff(_offsets(strings))[present] != 1).any()):
+            return None
+        letters = _data_bytes(strings)
+        if bool(((letters != ord("t")) & (letters != ord("f"))).any()):
+            return None
+        truth = np.zeros(len(strings), np.bool_)
+        truth[present] = letters == ord("t")
+        return _from_numpy(truth, present, pa.bool_()), None
     # Arrow's casts read PostgreSQL's output of these types exactly; its special forms are
     # left to the codecs.
-    special = pc.match_substring_regex(strings, _SPECIAL_TEXT)
-    leftover: Bools | None = None
-    if pc.any(special).as_py():
-        leftover = special.fill_null(False).to_numpy(zero_copy_only=False)
-        strings = pc.if_else(special, pa.scalar(None, pa.string()), strings)
+    leftover = _special_forms(strings)
+    if leftover is not None:
+        strings = pc.if_else(pa.array(leftover), pa.scalar(None, pa.string()), strings)
     try:
         return pc.cast(strings, data_type), leftover
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -435,6 +485,26 @@ def _text_array(element_kind: str, strings: pa.Array, data_type: pa.DataType) ->
         mask=pa.array(~valid),
     )
     return array, (leftover if bool(leftover.any()) else None)
+
+
+# Each byte's class (1 a dash, 2 a lower-case hex digit, 0 anything else), and the classes of
+# uuid_out's 36 characters.
+_UUID_CLASS = np.zeros(256, np.uint8)
+_UUID_CLASS[ord("-")] = 1
+_UUID_CLASS[np.frombuffer(b"0123456789abcdef", np.uint8)] = 2
+_UUID_LAYOUT = np.where(np.isin(np.arange(36), [8, 13, 18, 23]), 1, 2).astype(np.uint8)
+
+
+def _canonical_uuids(strings: pa.Array) -> bool:
+    """Whether every value is a uuid as uuid_out prints it (lower-case 8-4-4-4-12), as
+    ``str(uuid.UUID(text))`` would give it back."""
+    present = strings.is_valid().to_numpy(zero_copy_only=False)
+    if bool((np.diff(_offsets(strings))[present] != 36).any()):
+        return False
+    text = _data_bytes(strings)
+    if len(text) != 36 * int(np.count_nonzero(present)):
+        return False
+    return bool((_UUID_CLASS[text].reshape(-1, 36) == _UUID_LAYOUT).all())
 
 
 def _fixed_width(column: ColumnView, width: int) -> Bools | None:
@@ -527,34 +597,46 @@ def _binary_text(column: ColumnView, *, jsonb: bool) -> FastResult:
 
 
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
-_HEX_VALUE = np.full(256, 255, np.uint8)
+# Two hex digits read as one little-endian uint16 -> the byte they spell (-1 if not hex), and
+# the marker the pair ``\x`` gets.
+_HEX_VALUE = np.full(256, -1, np.int16)
 for _digit, _char in enumerate(b"0123456789abcdef"):
     _HEX_VALUE[_char] = _digit
 for _digit, _char in enumerate(b"ABCDEF", 10):
     _HEX_VALUE[_char] = _digit
+_HIGH, _LOW = np.divmod(np.arange(65536), 256)  # second and first character of a pair
+_HEX_PAIR = np.where(
+    (_HEX_VALUE[_LOW] >= 0) & (_HEX_VALUE[_HIGH] >= 0),
+    _HEX_VALUE[_LOW] * 16 + _HEX_VALUE[_HIGH],
+    -1,
+).astype(np.int16)
+_HEX_HEAD = -2
+_HEX_PAIR[ord("\\") | ord("x") << 8] = _HEX_HEAD
 
 
-def _bytea_hex(column: ColumnView) -> FastResult:
-    r"""bytea in hex output (``\x0a1b...``), the default bytea_output; else per value."""
-    present = column.present
-    u8 = column.buffer.u8
-    first = column.starts[present]
-    if bool((column.lengths[present] % 2).any()):
+def _bytea_hex(strings: pa.Array) -> FastResult:
+    r"""bytea in hex output (``\x0a1b...``), the default bytea_output; else per value.
+
+    Every value is an even number of characters, so the text reads as pairs: each value's
+    first pair is ``\x``, the others are its bytes."""
+    present = strings.is_valid().to_numpy(zero_copy_only=False)
+    offsets = _offsets(strings)
+    lengths = np.diff(offsets)
+    if bool((lengths[present] < 2).any()) or bool((lengths % 2).any()):
         return None
-    digits = column.binary_array(skip=2)
-    if digits is None:
+    text = _data_bytes(strings)
+    pairs = _HEX_PAIR[text.view("<u2")]  # each pair's byte, -1 if not hex, or _HEX_HEAD
+    heads = offsets[:-1][present] // 2
+    if bool((pairs[heads] != _HEX_HEAD).any()):
         return None
-    if bool((u8[first] != ord("\\")).any()) or bool((u8[first + 1] != ord("x")).any()):
+    body = np.ones(len(pairs), np.bool_)
+    body[heads] = False
+    values = pairs[body]
+    if bool((values < 0).any()):
         return None
-    _, offset_buffer, data_buffer = digits.buffers()
-    offsets = np.frombuffer(offset_buffer, np.int32, len(present) + 1).astype(np.int64)
-    total = int(offsets[-1])
-    raw = np.frombuffer(data_buffer, np.uint8, total) if total else np.zeros(0, np.uint8)
-    nibbles = _HEX_VALUE[raw]
-    if bool((nibbles == 255).any()):
-        return None
-    values = (nibbles[0::2] << 4) | nibbles[1::2]
-    return _binary_from(values.astype(np.uint8), offsets // 2, present), None
+    heads_before = np.zeros(len(present) + 1, np.int64)
+    np.cumsum(present, out=heads_before[1:])
+    return _binary_from(values.astype(np.uint8), offsets // 2 - heads_before, present), None
 
 
 # Hex digit positions in the 36-character text form (dashes after 8, 12, 16, 20 digits).
