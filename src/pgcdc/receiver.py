@@ -65,7 +65,9 @@ DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETT
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # How long a quiet read may block before the stop event is looked at again.
 STOP_CHECK_SECONDS = 0.2
-BURST_MESSAGES = 1024
+# Messages handled between looks at the stop event and the flush clock. Small batches also keep
+# few objects alive at once, which spares the garbage collector (see DEFAULT_BATCH).
+BURST_MESSAGES = 64
 _CONTENT = (Insert, Update, Delete, Truncate, Message)
 
 
@@ -340,8 +342,12 @@ class Receiver:
         stop: threading.Event,
     ) -> str:
         end_lsn = self.options.end_lsn
-        read = stream.read
+        read_many = stream.read_many
         clock = time.monotonic
+        # pgoutput's decoder is called directly (one event per message); others go via _xlog.
+        decode_one = decoder.decode_one if type(decoder) is PgOutputDecoder else None
+        feed = assembler.feed
+        store = self._store
         self._next_flush = clock() + self.options.fsync_interval
         while True:
             if stop.is_set():
@@ -352,13 +358,24 @@ class Receiver:
             wait = STOP_CHECK_SECONDS
             if self._unflushed:
                 wait = min(wait, max(self._next_flush - now, 0.0))
-            message = read(wait)
-            # Messages already received are handled in a burst; stop and the flush clock are
-            # looked at between bursts.
-            burst = 0
-            while message is not None:
+            # Messages already received are handled in a batch; stop and the flush clock are
+            # looked at between batches.
+            for message in read_many(wait, BURST_MESSAGES):
                 if type(message) is XLogData:
-                    if self._xlog(message, decoder, assembler, end_lsn):
+                    if decode_one is None:
+                        if self._xlog(message, decoder, assembler, end_lsn):
+                            return "end_lsn"
+                        continue
+                    lsn = message.data_start
+                    if end_lsn is not None and lsn > end_lsn:
+                        return "end_lsn"  # commits after end_lsn start here; leave them unread
+                    payload = message.payload
+                    size = len(payload)
+                    self._bytes += size
+                    # The decoder reads the stream's buffer and copies only what it keeps.
+                    for txn in feed(decode_one(payload, lsn), size):
+                        store(txn)
+                    if end_lsn is not None and lsn >= end_lsn:
                         return "end_lsn"
                 else:
                     # A keepalive: the server has sent everything before wal_end.
@@ -370,10 +387,6 @@ class Receiver:
                     if end_lsn is not None and wal_end >= end_lsn:
                         return "end_lsn"
                     self._publish(None)
-                burst += 1
-                if burst >= BURST_MESSAGES:
-                    break
-                message = read(0)
 
     def _xlog(
         self,
@@ -382,7 +395,9 @@ class Receiver:
         assembler: TransactionAssembler,
         end_lsn: LSN | None,
     ) -> bool:
-        """Decode, assemble and store one message; True when ``end_lsn`` has been reached."""
+        """Decode, assemble and store one message of a decoder that may give several events
+        (test_decoding); True when ``end_lsn`` has been reached. pgoutput's path is inlined in
+        ``_loop``."""
         lsn = message.data_start
         if end_lsn is not None and lsn > end_lsn:
             return True  # commits after end_lsn start here; leave them unread
@@ -390,19 +405,14 @@ class Receiver:
         size = len(payload)
         self._bytes += size
         feed = assembler.feed
-        if type(decoder) is PgOutputDecoder:
-            # The decoder reads the stream's memoryview in place and copies only what it keeps.
-            for txn in feed(decoder.decode_one(payload, lsn), size):
+        if type(payload) is not bytes:
+            payload = bytes(payload)
+        events = decoder.decode(payload, lsn)
+        if len(events) > 1:
+            size //= len(events)
+        for event in events:
+            for txn in feed(event, size):
                 self._store(txn)
-        else:
-            if type(payload) is not bytes:
-                payload = bytes(payload)
-            events = decoder.decode(payload, lsn)
-            if len(events) > 1:
-                size //= len(events)
-            for event in events:
-                for txn in feed(event, size):
-                    self._store(txn)
         return end_lsn is not None and lsn >= end_lsn
 
     def _store(self, txn: CommittedTransaction) -> None:

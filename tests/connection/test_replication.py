@@ -25,6 +25,7 @@ from pgcdc.errors import (
     ConnectionLost,
     InvalidArgument,
     MissingReplicationPrivilege,
+    ProtocolError,
     ReplicationStreamError,
     SlotInUse,
     SlotNotFound,
@@ -383,3 +384,86 @@ async def _async_terminate(db: Any) -> None:
 
 def test_async_terminated_walsender(db):
     asyncio.run(_async_terminate(db))
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+
+def _lines(batch: list[XLogData | PrimaryKeepalive]) -> list[tuple[LSN, str]]:
+    return [(m.data_start, bytes(m.payload).decode()) for m in batch if isinstance(m, XLogData)]
+
+
+def test_read_many_hands_out_the_stream_in_batches(db, table):
+    slot = logical_slot(db)
+    for first in (1, 101, 201):
+        db.execute(
+            "INSERT INTO t SELECT g, 'row ' || g FROM generate_series(%s::int, %s::int) g",
+            (first, first + 99),
+        )
+    with ReplicationConnection.connect(db.conninfo(), options="-c wal_sender_timeout=2s") as repl:
+        stream = repl.start_replication(slot, options={"include-xids": "0"}, status_interval=60.0)
+        with pytest.raises(InvalidArgument, match="positive"):
+            stream.read_many(limit=0)
+        lines: list[tuple[LSN, str]] = []
+        sizes = []
+        deadline = time.monotonic() + PATIENCE
+        while sum(text == "COMMIT" for _, text in lines) < 3:
+            assert time.monotonic() < deadline, f"only got {len(lines)} lines"
+            batch = stream.read_many(timeout=1.0, limit=7)
+            sizes.append(len(batch))
+            lines += _lines(batch)
+        assert max(sizes) == 7  # what libpq had buffered came in batches, never above limit
+        inserts = [text for _, text in lines if text.startswith("table ")]
+        assert inserts == [
+            f"table public.t: INSERT: id[integer]:{i} v[text]:'row {i}'" for i in range(1, 301)
+        ]
+        assert [lsn for lsn, _ in lines] == sorted(lsn for lsn, _ in lines)
+        # Idle past wal_sender_timeout with status updates due only every 60 s: the batches
+        # must answer the server's keepalive requests themselves.
+        requested = 0
+        idle_until = time.monotonic() + 6.0
+        while time.monotonic() < idle_until:
+            batch = stream.read_many(timeout=0.5)
+            assert not _lines(batch)
+            requested += sum(isinstance(m, PrimaryKeepalive) and m.reply_requested for m in batch)
+        assert requested >= 2
+        stream.stop()
+    assert "replication timeout" not in db.cluster.server_log()
+
+
+def test_read_many_gives_what_came_before_a_bad_message_first(db, table):
+    slot = logical_slot(db)
+    db.execute("INSERT INTO t VALUES (1, 'small')")
+    db.execute("INSERT INTO t VALUES (2, repeat('x', 5000))")
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, max_message_size=1000)
+        lines: list[tuple[LSN, str]] = []
+        deadline = time.monotonic() + PATIENCE
+        with pytest.raises(ProtocolError, match="exceeds the 1000-byte limit"):
+            while True:
+                assert time.monotonic() < deadline
+                lines += _lines(stream.read_many(timeout=1.0))
+        # The whole first transaction, and the second's BEGIN, reached the consumer first.
+        assert [text.split()[0] for _, text in lines] == ["BEGIN", "table", "COMMIT", "BEGIN"]
+        assert "'small'" in lines[1][1]
+
+
+async def _async_read_many(db: Any) -> None:
+    slot = logical_slot(db)
+    db.execute("INSERT INTO t SELECT g, 'async' FROM generate_series(1, 50) g")
+    async with await AsyncReplicationConnection.connect(db.conninfo()) as repl:
+        stream = await repl.start_replication(slot)
+        lines: list[tuple[LSN, str]] = []
+        deadline = time.monotonic() + PATIENCE
+        while not any(text.startswith("COMMIT") for _, text in lines):
+            assert time.monotonic() < deadline
+            lines += _lines(await stream.read_many(timeout=1.0, limit=5))
+        assert sum(text.startswith("table ") for _, text in lines) == 50
+        db.execute("SELECT pg_terminate_backend(%s)", (repl.pgconn.backend_pid,))
+        with pytest.raises(ReplicationStreamError):
+            for _ in range(100):
+                await stream.read_many(timeout=1.0)
+
+
+def test_async_read_many(db, table):
+    asyncio.run(_async_read_many(db))

@@ -140,19 +140,7 @@ def parse_copy_data(
         raise ProtocolError("empty CopyData message in replication stream")
     kind = buf[0]
     if kind == XLOG_DATA:
-        if size < _XLOG_HEADER_SIZE:
-            raise ProtocolError(
-                f"truncated XLogData: {size} bytes, the header alone needs {_XLOG_HEADER_SIZE}"
-            )
-        start, end, sent = _XLOG_HEADER.unpack_from(buf, 1)
-        if not _MIN_TIMESTAMP <= sent <= _MAX_TIMESTAMP:
-            from_pg_timestamp(sent)  # raises the ProtocolError that explains it
-        message = _new_object(XLogData)
-        message.data_start = _new_int(LSN, start)
-        message.wal_end = _new_int(LSN, end)
-        message._sent = sent
-        message.payload = buf[25:]
-        return message
+        return parse_xlog_data(buf)
     if kind == PRIMARY_KEEPALIVE:
         if size != _KEEPALIVE_SIZE:
             raise ProtocolError(
@@ -167,6 +155,26 @@ def parse_copy_data(
         f"unknown replication message type {chr(kind)!r} (0x{kind:02x}); expected XLogData "
         "'w' or primary keepalive 'k'"
     )
+
+
+def parse_xlog_data(buf: bytes | memoryview) -> XLogData:
+    """Parse one CopyData payload already known to start with 'w' (the stream's hot path;
+    ``parse_copy_data`` does the other checks). ``payload`` is a view of ``buf`` past the
+    header when ``buf`` is a memoryview."""
+    try:
+        start, end, sent = _XLOG_HEADER.unpack_from(buf, 1)
+    except struct.error:
+        raise ProtocolError(
+            f"truncated XLogData: {len(buf)} bytes, the header alone needs {_XLOG_HEADER_SIZE}"
+        ) from None
+    if not _MIN_TIMESTAMP <= sent <= _MAX_TIMESTAMP:
+        from_pg_timestamp(sent)  # raises the ProtocolError that explains it
+    message = _new_object(XLogData)
+    message.data_start = _new_int(LSN, start)
+    message.wal_end = _new_int(LSN, end)
+    message._sent = sent
+    message.payload = buf[_XLOG_HEADER_SIZE:]
+    return message
 
 
 def _now_microseconds(now: datetime | None) -> int:

@@ -38,6 +38,7 @@ from pgcdc.connection.protocol import (
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
+    parse_xlog_data,
     standby_status_update,
 )
 from pgcdc.connection.server_errors import translate
@@ -47,6 +48,11 @@ from pgcdc.lsn import INVALID_LSN, LSN
 T = TypeVar("T")
 
 DEFAULT_STATUS_INTERVAL = 10.0  # seconds, as pg_recvlogical
+# Messages one read_many() call hands out at most: the consumer's own clocks (flush, stop) are
+# looked at between batches. Small batches keep few objects alive at once, so the garbage
+# collector's young generation rarely fills (1024 costs ~20% more CPU than 64 in profiles).
+DEFAULT_BATCH = 64
+_XLOG_DATA = ord("w")
 
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -238,6 +244,7 @@ class _StreamCore:
         self.next_status = clock() + status_interval
         self.want_write = False
         self.copy_ended = False  # the server left COPY mode (error or shutdown)
+        self.failed: errors.PgcdcError | None = None  # raised by poll_many after its batch
         self.ended = False  # the stream is over; the connection is idle or gone
 
     # --- outgoing ----------------------------------------------------------------------------
@@ -269,6 +276,8 @@ class _StreamCore:
 
     def poll(self) -> XLogData | PrimaryKeepalive | None:
         """The next message libpq has already received, or None (nothing yet, or ended)."""
+        if self.failed is not None:
+            self._raise_failed()
         if self.copy_ended:
             return None
         if self.clock() >= self.next_status:
@@ -280,14 +289,65 @@ class _StreamCore:
         if size > 0:
             message = parse_copy_data(data, self.max_message_size)
             if type(message) is PrimaryKeepalive:
-                self.server_wal_end = message.wal_end
-                self.last_keepalive = message
-                if message.reply_requested:
-                    self.send_status()
+                self._keepalive(message)
             return message
         if size == -1:
             self.copy_ended = True
         return None
+
+    def poll_many(self, limit: int) -> list[XLogData | PrimaryKeepalive]:
+        """Every message libpq has already received, up to ``limit``, without waiting.
+
+        The hot path of a busy stream: one status-update check per batch rather than per
+        message, and XLogData parsed without ``parse_copy_data``'s dispatch. Keepalives are
+        answered as they are taken.
+        An error after some messages were taken is raised by the next call, so the messages
+        before it reach the consumer first.
+        """
+        messages: list[XLogData | PrimaryKeepalive] = []
+        if self.failed is not None:
+            self._raise_failed()
+        if self.copy_ended:
+            return messages
+        if self.clock() >= self.next_status:
+            self.send_status()
+        get_copy_data = self.pgconn.get_copy_data
+        append = messages.append
+        max_size = self.max_message_size
+        try:
+            for _ in range(limit):
+                size, data = get_copy_data(1)
+                if size <= 0:
+                    if size == -1:
+                        self.copy_ended = True
+                    break
+                if data[0] == _XLOG_DATA and size <= max_size:
+                    append(parse_xlog_data(data))
+                    continue
+                message = parse_copy_data(data, max_size)
+                if type(message) is PrimaryKeepalive:
+                    self._keepalive(message)
+                append(message)
+        except psycopg.OperationalError as error:
+            if not messages:
+                raise self.session.lost(error) from None
+            self.failed = self.session.lost(error)
+        except errors.PgcdcError as error:
+            if not messages:
+                raise
+            self.failed = error
+        return messages
+
+    def _keepalive(self, message: PrimaryKeepalive) -> None:
+        self.server_wal_end = message.wal_end
+        self.last_keepalive = message
+        if message.reply_requested:
+            self.send_status()
+
+    def _raise_failed(self) -> None:
+        error, self.failed = self.failed, None
+        assert error is not None
+        raise error
 
     def read_gen(self, timeout: float | None) -> PQGen[XLogData | PrimaryKeepalive | None]:
         if self.ended:
@@ -387,6 +447,12 @@ class _ConnectionBase:
         return commands.start_replication(slot_name, start_lsn, options)
 
 
+def _checked_batch(core: _StreamCore, limit: int) -> _StreamCore:
+    if not isinstance(limit, int) or limit < 1:
+        raise errors.InvalidArgument(f"limit must be a positive number of messages, not {limit!r}")
+    return core
+
+
 class _StreamBase:
     def __init__(self, core: _StreamCore) -> None:
         self._core = core
@@ -428,6 +494,24 @@ class ReplicationStream(_StreamBase):
             return message
         return self._waiter.run(self._core.read_gen(timeout))
 
+    def read_many(
+        self, timeout: float | None = None, limit: int = DEFAULT_BATCH
+    ) -> list[XLogData | PrimaryKeepalive]:
+        """Every message already received (up to ``limit``), else the next one to arrive with
+        those that came with it; [] after ``timeout`` seconds without any. The fast way to
+        consume a busy stream: one call per batch instead of one per message."""
+        core = _checked_batch(self._core, limit)
+        messages = core.poll_many(limit)
+        if messages:
+            return messages
+        message = self._waiter.run(core.read_gen(timeout))
+        if message is None:
+            return messages
+        messages.append(message)
+        if limit > 1:
+            messages += core.poll_many(limit - 1)
+        return messages
+
     def __iter__(self) -> Iterator[XLogData]:
         return self
 
@@ -462,6 +546,22 @@ class AsyncReplicationStream(_StreamBase):
         if message is not None:
             return message
         return await run_async(self._core.read_gen(timeout), self._fileno)
+
+    async def read_many(
+        self, timeout: float | None = None, limit: int = DEFAULT_BATCH
+    ) -> list[XLogData | PrimaryKeepalive]:
+        """As ``ReplicationStream.read_many``."""
+        core = _checked_batch(self._core, limit)
+        messages = core.poll_many(limit)
+        if messages:
+            return messages
+        message = await run_async(core.read_gen(timeout), self._fileno)
+        if message is None:
+            return messages
+        messages.append(message)
+        if limit > 1:
+            messages += core.poll_many(limit - 1)
+        return messages
 
     def __aiter__(self) -> AsyncIterator[XLogData]:
         return self
