@@ -198,10 +198,29 @@ class TransactionAssembler:
         otherwise it is estimated from the values' lengths.
         """
         if type(event) in _ROW_TYPES and self._block is None and self._filter is None:
-            # The hot path: a row change of a plain (not streamed) transaction.
+            # The hot path: a row change of a plain (not streamed) transaction; ``_add``
+            # inlined for one held in memory.
             txn = self._plain
             if txn is not None:
-                self._add(txn, event, size, content=True)
+                if size is None or txn.spill is not None or txn.discarding:
+                    self._add(txn, event, size, content=True)
+                    return []
+                xid = event.xid  # type: ignore[union-attr]
+                entry = txn.counts.get(xid)
+                if entry is None:
+                    txn.counts[xid] = [1, size]
+                else:
+                    entry[0] += 1
+                    entry[1] += size
+                txn.size += size
+                txn.events.append(event)
+                txn.sizes.append(size)
+                txn.memory += size
+                self._memory += size
+                if (self._txn_limit and txn.memory > self._txn_limit) or (
+                    self._total_limit and self._memory > self._total_limit
+                ):
+                    self._enforce_limits(txn)
                 return []
         handler = self._handlers.get(type(event))
         if handler is None:
@@ -630,6 +649,10 @@ class TransactionAssembler:
         txn.sizes.append(size)
         txn.memory += size
         self._memory += size
+        self._enforce_limits(txn)
+
+    def _enforce_limits(self, txn: _Txn) -> None:
+        """Spill ``txn`` above the per-transaction limit, the largest ones above the total."""
         if self._txn_limit and txn.memory > self._txn_limit:
             self._spill(txn)
         if self._total_limit and self._memory > self._total_limit:
