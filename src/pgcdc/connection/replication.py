@@ -314,13 +314,22 @@ class _StreamCore:
         get_copy_data = self.pgconn.get_copy_data
         append = messages.append
         max_size = self.max_message_size
+        read_socket = True
+        taken = 0
         try:
-            for _ in range(limit):
+            while taken < limit:
                 size, data = get_copy_data(1)
                 if size <= 0:
                     if size == -1:
                         self.copy_ended = True
+                    elif read_socket:
+                        # Take in what the kernel already holds (libpq's socket never blocks),
+                        # sparing a wait on the socket when the stream is busy.
+                        read_socket = False
+                        self.pgconn.consume_input()
+                        continue
                     break
+                taken += 1
                 if data[0] == _XLOG_DATA and size <= max_size:
                     append(parse_xlog_data(data))
                     continue
