@@ -4,6 +4,7 @@ Two slots are created at the same position, then a workload commits ``--rows`` r
 transactions of ``--txn-rows``. Slot 1 is drained by ``pg_recvlogical`` into /dev/null (pgoutput,
 the receiver's options); slot 2 by ``pgcdc.receiver.Receiver`` into a change log on local disk
 (decoded, assembled, encoded to Arrow, fsync'd every 10 s). Target (issue 4): 0.9 or better.
+Both also print their CPU time per row, which other work on a shared machine disturbs less.
 
     python3 bench/receiver.py [--rows 500000] [--txn-rows 100] [--version 18]
 """
@@ -11,6 +12,7 @@ the receiver's options); slot 2 by ``pgcdc.receiver.Receiver`` into a change log
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import tempfile
 import time
@@ -64,16 +66,19 @@ def main() -> None:
         pairs = PgOutputOptions(
             ["pub"], proto_version=proto, messages=True, streaming="on" if proto >= 2 else "off"
         ).for_server(server)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         recv_seconds = pg_recvlogical_drain(cluster, "postgres", "recv", endpos, pairs)
+        recv_cpu = _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - _cpu(children)
 
         options = ReceiverOptions(
             cluster.conninfo(), "pgcdc", publications=("pub",), end_lsn=endpos
         )
         with tempfile.TemporaryDirectory(prefix="pgcdc-bench-") as root:
             with ChangeLog(root).writer() as sink:
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 progress = Receiver(options, sink).run()
                 receiver_seconds = time.perf_counter() - started
+                receiver_cpu = time.process_time() - cpu
             logged = sum(1 for _ in ChangeLog(root).read_transactions())
     finally:
         cluster.destroy()
@@ -86,6 +91,14 @@ def main() -> None:
     recv_rate = args.rows / recv_seconds
     print_figure("pg_recvlogical -> /dev/null", recv_rate, "rows/s")
     print_figure("pgcdc receiver -> change log", args.rows / receiver_seconds, "rows/s", recv_rate)
+    # CPU time, less sensitive to other work on the machine: the receiver process's own, and
+    # pg_recvlogical's (the walsender's decoding is on the server, in neither).
+    print_figure("pg_recvlogical CPU per row", recv_cpu / args.rows * 1e6, "us")
+    print_figure("pgcdc receiver CPU per row", receiver_cpu / args.rows * 1e6, "us")
+
+
+def _cpu(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == "__main__":
