@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.decoding import arrow, columnar
-from pgcdc.decoding.arrow import COLUMNAR_MIN_ROWS, ArrowOptions, rows_to_arrow
+from pgcdc.decoding.arrow import ArrowOptions, rows_to_arrow
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, Column, EncodedRow, RawValue, Table
 
@@ -25,6 +25,12 @@ from .test_arrow import DOUBLE, PRECISE, STRING, _raw_rows, _setup
 from .test_fast_paths import NUMERIC_10_2, TEXT_FORMS
 
 Rows = list[tuple[RawValue, ...]]
+
+
+@pytest.fixture(autouse=True)
+def always_columnar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of EncodedRows here takes the columnar path, however few rows it has."""
+    monkeypatch.setattr(arrow, "COLUMNAR_MIN_ROWS", 1)
 
 
 def fresh(rows: Rows) -> list[EncodedRow]:
@@ -72,7 +78,7 @@ def columnar_and_per_value(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(columnar, "frame_tuples", recording)
         fast = outcome(lambda: rows_to_arrow(table, fresh(rows), options, types))
-    assert used or len(rows) < COLUMNAR_MIN_ROWS
+    assert used
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(arrow, "_fast_column", lambda *args: None)
         slow = outcome(lambda: rows_to_arrow(table, rows, options, types))
@@ -236,7 +242,7 @@ def test_every_type_from_the_server(db: Any, binary: bool, options: ArrowOptions
     # Ordinary, edge and NULL rows interleaved, some values unchanged TOAST, enough rows for
     # the columnar path.
     many: Rows = []
-    for number in range(4 * COLUMNAR_MIN_ROWS):
+    for number in range(32):
         row = rows[number % len(rows)]
         if number % 5 == 4:
             row = tuple(UNCHANGED_TOAST if i % 3 == 0 else v for i, v in enumerate(row))
@@ -294,7 +300,7 @@ def test_wrong_width_raises_like_the_row_path() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_mutated_tuple_data_raises_only_decode_errors(data: st.DataObject) -> None:
-    rows = [bytearray(EncodedRow.from_values(MIXED_ROW).data) for _ in range(COLUMNAR_MIN_ROWS)]
+    rows = [bytearray(EncodedRow.from_values(MIXED_ROW).data) for _ in range(8)]
     target = rows[data.draw(st.integers(0, len(rows) - 1))]
     if data.draw(st.booleans()):
         del target[data.draw(st.integers(0, len(target) - 1)) :]

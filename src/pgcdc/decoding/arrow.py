@@ -493,8 +493,9 @@ def rows_to_arrow(
     return _row_batch(table, rows, plan)
 
 
-COLUMNAR_MIN_ROWS = 8
-"""Fewer EncodedRows than this are decoded row by row: numpy's per-call cost would dominate."""
+COLUMNAR_MIN_ROWS = 100
+"""Fewer EncodedRows than this are decoded row by row: below about this many (for a table of
+ten columns) numpy's per-call cost outweighs what it saves."""
 
 
 def _convert_values(

@@ -2,15 +2,16 @@
 
 ``PgOutputDecoder.decode_one`` costs a few microseconds of Python per message, more than a
 walsender spends producing it. For bulk decoding (a captured stream, the SQL interface, a
-backlog), ``decode_batch`` reads every message's type byte with numpy, hands the few
+backlog), ``decode_batch`` reads every message's type byte with numpy and hands the few
 non-change messages (Begin, Commit, Relation, Type, stream and two-phase markers) to the
-decoder one by one, and decodes each run of Insert/Update/Delete messages between them column
-by column: the relation OID, the tuple markers and the TupleData framing of all the run's
-changes at once, then typed Arrow columns exactly as ``rows_to_arrow`` builds them.
+decoder one by one. The Insert/Update/Delete messages between two messages that change the
+decoder's state (anything but Begin and Commit, so runs go on across transactions) are decoded
+column by column: the relation OID, the tuple markers and the TupleData framing of all of
+them at once, then typed Arrow columns exactly as ``rows_to_arrow`` builds them.
 
-Anything unusual in a run (an unknown relation, a malformed message, text that is not UTF-8)
-sends that run through ``decode_one`` and ``rows_to_arrow`` instead, which give the same
-batches, or raise the same typed errors, in message order.
+Anything unusual in a run (an unknown relation, a malformed message, text that is not UTF-8),
+or a run too short to gain from numpy, goes through ``decode_one`` and ``rows_to_arrow``
+instead, which give the same batches, or raise the same typed errors, in message order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pgcdc.decoding import columnar
 from pgcdc.decoding.arrow import DEFAULT_OPTIONS, ArrowOptions, framed_to_arrow, rows_to_arrow
 from pgcdc.decoding.pgoutput import PgOutputDecoder
 from pgcdc.decoding.values import TypeRegistry, Types, registry_for
+from pgcdc.errors import DecodeError
 from pgcdc.events import Delete, Event, Insert, Row, Table, Update
 from pgcdc.lsn import LSN
 
@@ -34,6 +36,12 @@ __all__ = ["ChangeBatch", "DecodedBatch", "decode_batch"]
 Int64s = npt.NDArray[np.int64]
 
 _INSERT, _UPDATE, _DELETE = b"I"[0], b"U"[0], b"D"[0]
+_BEGIN, _COMMIT = b"B"[0], b"C"[0]
+
+MIN_COLUMNAR_RUN = 100
+"""Regions with fewer changes go through decode_one and rows_to_arrow: below about this
+many, numpy's per-call cost outweighs what it saves."""
+
 _NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
 
 
@@ -72,6 +80,10 @@ class DecodedBatch:
         return sum(len(batch) for batch in self.changes)
 
 
+Region = tuple[list[tuple[int, Event]], list[ChangeBatch]]
+"""A region's non-change events (with their indexes) and its typed changes."""
+
+
 def decode_batch(
     decoder: PgOutputDecoder,
     payloads: Sequence[bytes | memoryview],
@@ -94,27 +106,50 @@ def decode_batch(
     buffer = columnar.WireBuffer(b"".join(payloads))
     first = buffer.u8[starts]
     change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
+    # Begin and Commit do not change the decoder's state: a run of changes goes on across them.
+    passive = ((first == _BEGIN) | (first == _COMMIT)) & (lengths > 0)
     events: list[tuple[int, Event]] = []
     changes: list[ChangeBatch] = []
-    run_start = 0
-    for index in [*np.flatnonzero(~change).tolist(), count]:
-        if index > run_start:
-            run = _Run(decoder, buffer, first, starts, ends, registry, options)
-            found = run.decode(run_start, index)
+    run = _Run(decoder, buffer, first, starts, ends, registry, options)
+    region_start = 0
+    for index in [*np.flatnonzero(~(change | passive)).tolist(), count]:
+        if index > region_start:
+            region = np.arange(region_start, index, dtype=np.int64)
+            found = _columnar_region(run, (payloads, lsns), region, change[region_start:index])
             if found is None:
                 found = _one_by_one(
-                    decoder,
-                    (payloads, lsns),
-                    run_start,
-                    index,
-                    registry=registry,
-                    options=options,
+                    decoder, (payloads, lsns), region, registry=registry, options=options
                 )
-            changes.extend(found)
+            events.extend(found[0])
+            changes.extend(found[1])
         if index < count:
             events.append((index, decoder.decode_one(payloads[index], lsns[index])))
-        run_start = index + 1
+        region_start = index + 1
     return DecodedBatch(events, changes)
+
+
+def _columnar_region(
+    run: _Run,
+    messages: tuple[Sequence[bytes | memoryview], Sequence[LSN]],
+    region: Int64s,
+    is_change: npt.NDArray[np.bool_],
+) -> Region | None:
+    """Changes and Begin/Commit messages of ``region``: the changes column by column, the
+    others through decode_one. None when the region is small or anything in it is unusual
+    (then it is decoded message by message, which raises the first error in order)."""
+    if int(np.count_nonzero(is_change)) < MIN_COLUMNAR_RUN:
+        return None
+    payloads, lsns = messages
+    try:
+        # Begin and Commit only read the state, so decoding them again later is harmless.
+        events = [
+            (index, run.decoder.decode_one(payloads[index], lsns[index]))
+            for index in region[~is_change].tolist()
+        ]
+    except DecodeError:
+        return None
+    found = run.decode(region[is_change])
+    return None if found is None else (events, found)
 
 
 @dataclass
@@ -127,11 +162,10 @@ class _Run:
     registry: TypeRegistry
     options: ArrowOptions
 
-    def decode(self, begin: int, end: int) -> list[ChangeBatch] | None:
-        """The changes of messages ``begin`` to ``end`` (all Insert/Update/Delete), grouped by
-        table in order of first appearance; None when any is unusual."""
+    def decode(self, messages: Int64s) -> list[ChangeBatch] | None:
+        """The changes of ``messages`` (Insert/Update/Delete, in order), grouped by table in
+        order of first appearance; None when any is unusual."""
         u32 = self.buffer.view(">u4")
-        messages = np.arange(begin, end, dtype=np.int64)
         body = self.starts[messages] + (1 if self.decoder.state.stream_xid is None else 5)
         limits = self.ends[messages]
         if bool((body + 5 > limits).any()):
@@ -257,21 +291,22 @@ def _select(
 def _one_by_one(
     decoder: PgOutputDecoder,
     messages: tuple[Sequence[bytes | memoryview], Sequence[LSN]],
-    begin: int,
-    end: int,
+    region: Int64s,
     *,
     registry: TypeRegistry,
     options: ArrowOptions,
-) -> list[ChangeBatch]:
-    """The run through ``decode_one`` and ``rows_to_arrow``: the reference path, and the one
-    that raises the typed error naming the message that is wrong."""
+) -> Region:
+    """The region through ``decode_one`` and ``rows_to_arrow``: the reference path, and the
+    one that raises the typed error naming the message that is wrong."""
     groups: dict[int, tuple[Table, list[int], list[str], list[Row | None], list[Row | None]]] = {}
     keys: dict[int, list[bool]] = {}
+    events: list[tuple[int, Event]] = []
     payloads, lsns = messages
-    for index in range(begin, end):
+    for index in region.tolist():
         event = decoder.decode_one(payloads[index], lsns[index])
         if not isinstance(event, (Insert, Update, Delete)):
-            raise AssertionError(f"message {index} is not a change")  # pragma: no cover
+            events.append((index, event))
+            continue
         group = groups.setdefault(id(event.table), (event.table, [], [], [], []))
         key = keys.setdefault(id(event.table), [])
         group[1].append(index)
@@ -309,4 +344,4 @@ def _one_by_one(
                 np.array(keys[table_id], np.bool_),
             )
         )
-    return batches
+    return events, batches

@@ -75,12 +75,18 @@ class WireBuffer:
         out: one memcpy per value. The values must lie in buffer order, as column k of
         consecutive TupleData (or messages) does."""
         count = len(present)
-        ends = np.where(present, starts + lengths, 0)
-        before = np.zeros(count, np.int64)
-        if count > 1:
-            np.maximum.accumulate(ends[:-1], out=before[1:])
-        first = np.where(present, starts, before)
-        last = np.where(present, ends, before)
+        every = bool(present.all())
+        if every:
+            first, last = starts, starts + lengths
+        else:  # an absent value is an empty one where the value before it ended
+            ends = np.where(present, starts + lengths, 0)
+            before = np.zeros(count, np.int64)
+            if count > 1:
+                np.maximum.accumulate(ends[:-1], out=before[1:])
+            first = np.where(present, starts, before)
+            last = np.where(present, ends, before)
+        if int(np.sum(last - first)) > _MAX_COLUMN_BYTES:
+            return None
         offsets = np.empty(2 * count + 1, np.int64)
         offsets[0 : 2 * count : 2] = first
         offsets[1 : 2 * count : 2] = last
@@ -88,10 +94,8 @@ class WireBuffer:
         whole = pa.Array.from_buffers(
             pa.large_binary(), 2 * count, [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
         )
-        mask = None if bool(present.all()) else ~present
+        mask = None if every else ~present
         picked = whole.take(pa.array(np.arange(0, 2 * count, 2, dtype=np.int64), mask=mask))
-        if int(np.sum(lengths, where=present)) > _MAX_COLUMN_BYTES:
-            return None
         return picked.cast(pa.binary())
 
 
@@ -205,20 +209,27 @@ def frame_tuples(buffer: WireBuffer, starts: Int64s, limits: Int64s, width: int)
     if bool((buffer.view(">u2")[starts] != width).any()):
         return None
     pos = starts + 2
+    if width and bool((pos >= limits).any()):
+        return None
     columns = []
-    for _ in range(width):
-        if bool((pos >= limits).any()):
-            return None
+    for index in range(width):
         kinds = u8[pos]
         has_value = (kinds == KIND_TEXT) | (kinds == KIND_BINARY)
-        if not bool(has_value.all()):
+        every = bool(has_value.all())
+        if not every:
             known = has_value | (kinds == KIND_NULL) | (kinds == KIND_UNCHANGED)
             if not bool(known.all()):
                 return None
-        lengths = np.where(has_value, u32[pos + 1], 0).astype(np.int64)
+        lengths = u32[pos + 1].astype(np.int64)
         value_starts = pos + 5
-        pos = np.where(has_value, value_starts + lengths, pos + 1)
-        if bool((pos > limits).any()):
+        if every:  # no NULL or unchanged value in this column: no masking
+            pos = value_starts + lengths
+        else:
+            lengths = np.where(has_value, lengths, 0)
+            pos = np.where(has_value, value_starts + lengths, pos + 1)
+        # Another column's kind byte must follow inside the limit; the last may end there.
+        beyond = pos > limits if index == width - 1 else pos >= limits
+        if bool(beyond.any()):
             return None
         columns.append(ColumnView(buffer, kinds, value_starts, lengths))
     return Framing(tuple(columns), pos)
