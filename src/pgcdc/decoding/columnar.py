@@ -49,12 +49,13 @@ class WireBuffer:
     """One bytes object holding many TupleData, padded so every fixed-width read at a valid
     position stays inside it, with big-endian views at every byte offset."""
 
-    __slots__ = ("_views", "data", "size", "u8")
+    __slots__ = ("_views", "buffer", "data", "size", "u8")
 
     def __init__(self, data: bytes) -> None:
         self.size = len(data)
         self.data = data + _PAD
         self.u8: npt.NDArray[np.uint8] = np.frombuffer(self.data, np.uint8)
+        self.buffer = pa.py_buffer(self.data)
         self._views: dict[str, np.ndarray] = {}
 
     def view(self, dtype: str) -> np.ndarray:
@@ -91,12 +92,15 @@ class WireBuffer:
         offsets[0 : 2 * count : 2] = first
         offsets[1 : 2 * count : 2] = last
         offsets[2 * count] = last[-1] if count else 0
+        small = len(self.data) <= _MAX_COLUMN_BYTES  # int32 offsets reach every byte
         whole = pa.Array.from_buffers(
-            pa.large_binary(), 2 * count, [None, pa.py_buffer(offsets), pa.py_buffer(self.data)]
+            pa.binary() if small else pa.large_binary(),
+            2 * count,
+            [None, pa.py_buffer(offsets.astype(np.int32) if small else offsets), self.buffer],
         )
         mask = None if every else ~present
         picked = whole.take(pa.array(np.arange(0, 2 * count, 2, dtype=np.int64), mask=mask))
-        return picked.cast(pa.binary())
+        return picked if small else picked.cast(pa.binary())
 
 
 class ColumnView:
