@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.decoding import arrow, batch
-from pgcdc.decoding.batch import DecodedBatch, decode_batch
+from pgcdc.decoding.batch import DecodedBatch, decode_batch, decode_many
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.errors import DecodeError, UnknownRelation
 from pgcdc.events import UNCHANGED_TOAST, EncodedRow, RawValue
@@ -118,6 +118,19 @@ def test_server_stream_equals_the_reference(db: Any, binary: bool) -> None:
     found, used = columnar_path(messages)
     assert found == expected
     assert used and all(used)  # every run went the columnar way
+    built: list[bool] = []
+    original = batch._Run.events
+
+    def recording(self: Any, *args: Any) -> Any:
+        events = original(self, *args)
+        built.append(events is not None)
+        return events
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch, "MIN_COLUMNAR_RUN", 1)
+        patch.setattr(batch._Run, "events", recording)
+        assert events_outcome(many, messages) == events_outcome(one_by_one, messages)
+    assert built and all(built)
     changes = expected[1]
     assert sum(len(c[1]) for c in changes) == 40 + 20 + 10 + 4 + 10 + 8 + 5
     new_of_a = [c[3] for c in changes if c[0] == "public.a"]
@@ -212,3 +225,34 @@ def test_a_change_before_its_relation_is_an_unknown_relation() -> None:
     found, _ = columnar_path(messages)
     assert found[0] == "UnknownRelation"
     assert found == reference(messages)
+
+
+# --- decode_many: the events of decode_one -----------------------------------------------------
+
+
+def events_outcome(decode: Any, messages: Messages) -> Any:
+    decoder = PgOutputDecoder(proto_version=2, lazy_rows=True)
+    try:
+        events = decode(decoder, messages)
+    except (DecodeError, UnknownRelation) as exc:
+        return (type(exc).__name__, str(exc))
+    return [(type(event).__name__, event, repr(event)) for event in events]
+
+
+def one_by_one(decoder: PgOutputDecoder, messages: Messages) -> list[Any]:
+    return [decoder.decode_one(memoryview(payload), lsn) for lsn, payload in messages]
+
+
+def many(decoder: PgOutputDecoder, messages: Messages) -> list[Any]:
+    payloads = [memoryview(payload) for _, payload in messages]
+    return decode_many(decoder, payloads, [lsn for lsn, _ in messages])
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams())
+def test_decode_many_gives_the_events_of_decode_one(messages: Messages) -> None:
+    expected = events_outcome(one_by_one, messages)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch, "MIN_COLUMNAR_RUN", 1)
+        assert events_outcome(many, messages) == expected
+    assert events_outcome(many, messages) == expected

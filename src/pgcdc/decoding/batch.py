@@ -16,8 +16,10 @@ instead, which give the same batches, or raise the same typed errors, in message
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,10 +30,10 @@ from pgcdc.decoding.arrow import DEFAULT_OPTIONS, ArrowOptions, framed_to_arrow,
 from pgcdc.decoding.pgoutput import PgOutputDecoder
 from pgcdc.decoding.values import TypeRegistry, Types, registry_for
 from pgcdc.errors import DecodeError
-from pgcdc.events import Delete, Event, Insert, Row, Table, Update
+from pgcdc.events import Delete, EncodedRow, Event, Insert, Row, Table, Update
 from pgcdc.lsn import LSN
 
-__all__ = ["ChangeBatch", "DecodedBatch", "decode_batch"]
+__all__ = ["ChangeBatch", "DecodedBatch", "decode_batch", "decode_many"]
 
 Int64s = npt.NDArray[np.int64]
 
@@ -194,6 +196,32 @@ class _Run:
     def _frame(
         self, table: Table, messages: Int64s, body: Int64s, limits: Int64s
     ) -> _Framed | None:
+        found = self._read(table, messages, body, limits)
+        if found is None:
+            return None
+        ops, marker, has_old, two, framing, second = found
+        width = len(table.columns)
+        count = len(messages)
+        new_parts = [(np.flatnonzero(~has_old), framing, np.flatnonzero(~has_old))]
+        if second is not None:
+            new_parts.append((np.flatnonzero(two), second, np.arange(int(two.sum()))))
+        new = _select(count, width, new_parts)
+        new_strings = columnar.text_columns(new)
+        if new_strings is None:
+            return None
+        old: tuple[columnar.Framing, list[pa.Array | None]] | None = None
+        if bool(has_old.any()):
+            old_rows = np.flatnonzero(has_old)
+            old_framing = _select(count, width, [(old_rows, framing, old_rows)])
+            old_strings = columnar.text_columns(old_framing)
+            if old_strings is None:
+                return None
+            old = (old_framing, old_strings)
+        return _Framed(table, messages, ops, marker == _KEY, (new, new_strings), old)
+
+    def _read(self, table: Table, messages: Int64s, body: Int64s, limits: Int64s) -> _Read | None:
+        """The markers and the framing of the tuples of one table's ``messages``, checked as
+        decode_one checks them; None when any is unusual."""
         u8 = self.buffer.u8
         ops = self.first[messages]
         marker = u8[body + 4]
@@ -220,23 +248,176 @@ class _Run:
             second = columnar.frame_tuples(self.buffer, after + 1, limits[two], width)
             if second is None or bool((second.ends != limits[two]).any()):
                 return None
-        count = len(messages)
-        new_parts = [(np.flatnonzero(~has_old), framing, np.flatnonzero(~has_old))]
-        if second is not None:
-            new_parts.append((np.flatnonzero(two), second, np.arange(int(two.sum()))))
-        new = _select(count, width, new_parts)
-        new_strings = columnar.text_columns(new)
-        if new_strings is None:
+        return ops, marker, has_old, two, framing, second
+
+    def events(self, messages: Int64s, lsns: Sequence[LSN]) -> list[Event] | None:
+        """The events decode_one (lazy rows) gives for ``messages`` (Insert/Update/Delete,
+        in order), their framing checked for all at once; None when any is unusual."""
+        u32 = self.buffer.view(">u4")
+        streaming = self.decoder.state.stream_xid is not None
+        body = self.starts[messages] + (5 if streaming else 1)
+        limits = self.ends[messages]
+        if bool((body + 5 > limits).any()):
             return None
-        old: tuple[columnar.Framing, list[pa.Array | None]] | None = None
-        if bool(has_old.any()):
-            old_rows = np.flatnonzero(has_old)
-            old_framing = _select(count, width, [(old_rows, framing, old_rows)])
-            old_strings = columnar.text_columns(old_framing)
-            if old_strings is None:
+        oids = u32[body]
+        count = len(messages)
+        # Per message: its table's number, the first tuple's range, the second's (updates
+        # with an old tuple: the new one), as plain lists for the loop that builds events.
+        table_of = np.zeros(count, np.int64)
+        first_end = np.zeros(count, np.int64)
+        second_start = np.full(count, -1, np.int64)
+        relations = self.decoder.state.relations
+        tables: list[Table] = []
+        for oid in dict.fromkeys(oids.tolist()):
+            table = relations.get(oid)
+            if table is None:
                 return None
-            old = (old_framing, old_strings)
-        return _Framed(table, messages, ops, marker == _KEY, (new, new_strings), old)
+            rows = np.flatnonzero(oids == oid)
+            found = self._read(table, messages[rows], body[rows], limits[rows])
+            if found is None:
+                return None
+            _, _, _, two, framing, second = found
+            if columnar.text_columns(framing) is None:
+                return None
+            if second is not None and columnar.text_columns(second) is None:
+                return None
+            table_of[rows] = len(tables)
+            tables.append(table)
+            first_end[rows] = framing.ends
+            second_start[rows[two]] = framing.ends[two] + 1
+        data = self.buffer.data
+        xids = u32[self.starts[messages] + 1].tolist() if streaming else [None] * count
+        out: list[Event] = []
+        append = out.append
+        for index, op, marker, table_number, start, end, second, limit, xid in zip(
+            messages.tolist(),
+            self.first[messages].tolist(),
+            self.buffer.u8[body + 4].tolist(),
+            table_of.tolist(),
+            (body + 5).tolist(),
+            first_end.tolist(),
+            second_start.tolist(),
+            limits.tolist(),
+            xids,
+            strict=True,
+        ):
+            table = tables[table_number]
+            row = _encoded(data[start:end])
+            if op == _INSERT:
+                event: Event = _new_object(Insert)
+                _insert_lsn(event, lsns[index])
+                _insert_table(event, table)
+                _insert_new(event, row)
+                _insert_xid(event, xid)
+            elif op == _DELETE:
+                event = _new_object(Delete)
+                _delete_lsn(event, lsns[index])
+                _delete_table(event, table)
+                _delete_old(event, row)
+                _delete_old_is_key(event, marker == _KEY)
+                _delete_xid(event, xid)
+            else:
+                old, new = (row, _encoded(data[second:limit])) if second >= 0 else (None, row)
+                event = _new_object(Update)
+                _update_lsn(event, lsns[index])
+                _update_table(event, table)
+                _update_new(event, new)
+                _update_old(event, old)
+                _update_old_is_key(event, marker == _KEY)
+                _update_xid(event, xid)
+            append(event)
+        return out
+
+
+_Read = tuple[
+    npt.NDArray[np.uint8],  # operation codes
+    npt.NDArray[np.uint8],  # tuple markers (N, K, O)
+    npt.NDArray[np.bool_],  # has an old tuple
+    npt.NDArray[np.bool_],  # an update with old and new tuples
+    columnar.Framing,  # the first tuple of each message
+    columnar.Framing | None,  # the new tuple of the updates with two
+]
+
+_new_object = object.__new__
+_encoded_data = EncodedRow.__dict__["_data"].__set__
+_encoded_values = EncodedRow.__dict__["_values"].__set__
+
+
+def _encoded(data: bytes) -> EncodedRow:
+    row: EncodedRow = _new_object(EncodedRow)
+    _encoded_data(row, data)
+    _encoded_values(row, None)
+    return row
+
+
+def _setters(cls: type) -> tuple[Any, ...]:
+    return tuple(cls.__dict__[field.name].__set__ for field in dataclasses.fields(cls))
+
+
+_insert_lsn, _insert_table, _insert_new, _insert_xid = _setters(Insert)
+_update_lsn, _update_table, _update_new, _update_old, _update_old_is_key, _update_xid = _setters(
+    Update
+)
+_delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = _setters(Delete)
+
+
+def decode_many(
+    decoder: PgOutputDecoder, payloads: Sequence[bytes | memoryview], lsns: Sequence[LSN]
+) -> list[Event]:
+    """``[decoder.decode_one(p, lsn) for p, lsn in zip(payloads, lsns)]`` for a decoder with
+    lazy rows: the same events (rows as EncodedRows) and the same errors, the framing of each
+    long run of changes checked with numpy at once instead of column by column in Python."""
+    if len(payloads) != len(lsns):
+        raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
+    if not decoder.lazy_rows:
+        return [
+            decoder.decode_one(payload, lsn) for payload, lsn in zip(payloads, lsns, strict=True)
+        ]
+    count = len(payloads)
+    lengths = np.fromiter(map(len, payloads), np.int64, count)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    buffer = columnar.WireBuffer(b"".join(payloads))
+    first = buffer.u8[starts]
+    change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
+    passive = ((first == _BEGIN) | (first == _COMMIT)) & (lengths > 0)
+    run = _Run(decoder, buffer, first, starts, ends, registry_for(None), DEFAULT_OPTIONS)
+    events: list[Event] = []
+    region_start = 0
+    for index in [*np.flatnonzero(~(change | passive)).tolist(), count]:
+        if index > region_start:
+            region = np.arange(region_start, index, dtype=np.int64)
+            found = _region_events(run, (payloads, lsns), region, change[region_start:index])
+            if found is None:
+                found = [decoder.decode_one(payloads[i], lsns[i]) for i in region.tolist()]
+            events.extend(found)
+        if index < count:
+            events.append(decoder.decode_one(payloads[index], lsns[index]))
+        region_start = index + 1
+    return events
+
+
+def _region_events(
+    run: _Run,
+    messages: tuple[Sequence[bytes | memoryview], Sequence[LSN]],
+    region: Int64s,
+    is_change: npt.NDArray[np.bool_],
+) -> list[Event] | None:
+    if int(np.count_nonzero(is_change)) < MIN_COLUMNAR_RUN:
+        return None
+    payloads, lsns = messages
+    try:
+        others = {
+            index: run.decoder.decode_one(payloads[index], lsns[index])
+            for index in region[~is_change].tolist()
+        }
+    except DecodeError:
+        return None
+    changes = run.events(region[is_change], lsns)
+    if changes is None:
+        return None
+    found = iter(changes)
+    return [others[index] if index in others else next(found) for index in region.tolist()]
 
 
 @dataclass(frozen=True, slots=True)
