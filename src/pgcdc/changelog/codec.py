@@ -659,12 +659,18 @@ def _sparse_fields(event: Event) -> dict[str, Any]:
 def encode(transactions: Iterable[CommittedTransaction]) -> pa.RecordBatch:
     """All events of ``transactions`` as one record batch (empty transactions leave no rows)."""
     builder = BatchBuilder()
+    definitions: list[Event] = []
     for txn in transactions:
-        seq = -1
-        for seq, event in enumerate(txn.events):
-            builder.add(txn, seq, event)
-        if seq < 0:
+        events = txn.events
+        if type(events) is not tuple and type(events) is not list:
+            events = tuple(events)
+        if not events:
             builder.add(txn, 0, None)
+            continue
+        position = 0
+        while position < len(events):
+            _, position = builder.add_run(txn, events, position, _U64, definitions)
+        definitions.clear()
     return builder.build()
 
 
