@@ -68,23 +68,28 @@ class XLogData:
     ``wal_end`` is the end of WAL on the server when it was sent, not the end of this message.
     ``payload`` is a view into the received buffer when the input was a memoryview (no copy);
     call ``bytes(payload)`` to keep it independent of that buffer's type. This is the hot
-    path, so it is a plain slotted class and ``send_time`` becomes a datetime only when read.
+    path, so it is a plain slotted class and ``wal_end`` and ``send_time`` become an LSN and
+    a datetime only when read.
     """
 
-    __slots__ = ("_sent", "data_start", "payload", "wal_end")
+    __slots__ = ("_sent", "_wal_end", "data_start", "payload")
 
     data_start: LSN
-    wal_end: LSN
     payload: bytes | memoryview
+    _wal_end: int
     _sent: int
 
     def __init__(
         self, data_start: LSN, wal_end: LSN, send_time: datetime, payload: bytes | memoryview
     ) -> None:
         self.data_start = data_start
-        self.wal_end = wal_end
+        self._wal_end = wal_end
         self._sent = to_pg_timestamp(send_time)
         self.payload = payload
+
+    @property
+    def wal_end(self) -> LSN:
+        return _new_int(LSN, self._wal_end)
 
     @property
     def send_time(self) -> datetime:
@@ -100,7 +105,7 @@ class XLogData:
             return NotImplemented
         return (
             self.data_start == other.data_start
-            and self.wal_end == other.wal_end
+            and self._wal_end == other._wal_end
             and self._sent == other._sent
             and self.payload == other.payload
         )
@@ -171,7 +176,7 @@ def parse_xlog_data(buf: bytes | memoryview) -> XLogData:
         from_pg_timestamp(sent)  # raises the ProtocolError that explains it
     message = _new_object(XLogData)
     message.data_start = _new_int(LSN, start)
-    message.wal_end = _new_int(LSN, end)
+    message._wal_end = end  # made an LSN when read: rarely, and not per message
     message._sent = sent
     message.payload = buf[_XLOG_HEADER_SIZE:]
     return message
