@@ -21,6 +21,7 @@ once:
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import re
 import threading
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 from psycopg._encodings import pg2pyenc
 from psycopg.conninfo import conninfo_to_dict
@@ -38,7 +40,7 @@ from pgcdc.connection.replication import ReplicationConnection, ReplicationStrea
 from pgcdc.decoding import Decoder
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, max_proto_version
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
-from pgcdc.errors import InvalidOption
+from pgcdc.errors import InvalidOption, SlotInUse
 from pgcdc.events import Delete, Event, Insert, Message, Truncate, Update
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
@@ -62,6 +64,8 @@ STREAMING_SINCE = 140000
 # ISO form and UTC, intervals in the form pgcdc.decoding.values reads.
 SESSION_SETTINGS = (("DateStyle", "ISO"), ("IntervalStyle", "postgres"), ("TimeZone", "UTC"))
 DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETTINGS))
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # How long a quiet read may block before the stop event is looked at again.
 STOP_CHECK_SECONDS = 0.2
@@ -93,6 +97,10 @@ class ReceiverOptions:
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     application_name: str = "pgcdc"
     preflight: bool = True  # run pgcdc.connection.preflight.check before connecting
+    # Seconds to keep retrying while the slot is active for another process, as Debezium's
+    # slot.max.retries x slot.retry.delay.ms: after a crash the server holds the dead
+    # client's walsender until it notices (up to wal_sender_timeout). 0: fail at once.
+    slot_busy_wait: float = 60.0
     # The walsender session's settings (GUCs), set last so they win over the user's options.
     # The default makes text values parseable by pgcdc.decoding.values; None or {} leaves the
     # server's (and the user's) settings, as pg_recvlogical does.
@@ -112,6 +120,11 @@ class ReceiverOptions:
                 f"({self.publications!r},)"
             )
         object.__setattr__(self, "publications", tuple(self.publications))
+        if not self.slot_busy_wait >= 0:
+            raise InvalidOption(
+                f"slot_busy_wait must be 0 (fail at once) or more seconds, not "
+                f"{self.slot_busy_wait!r}"
+            )
         if self.plugin == "pgoutput" and not self.publications:
             raise InvalidOption(
                 "pgoutput needs at least one publication: create one with CREATE PUBLICATION "
@@ -304,7 +317,7 @@ class Receiver:
         what was already received is flushed."""
         stop = stop if stop is not None else threading.Event()
         options = self.options
-        conn = self._connect()
+        conn = self._while_slot_busy(self._connect, stop)
         stopped_by: str | None = None
         try:
             plugin_options, decoder = self._plugin(conn)
@@ -313,11 +326,14 @@ class Receiver:
                 options.assembly, stored_through=self.sink.last_commit_lsn
             ) as assembler:
                 self._assembler = assembler
-                stream = conn.start_replication(
-                    options.slot,
-                    options.start_lsn or INVALID_LSN,
-                    plugin_options,
-                    status_interval=options.status_interval,
+                stream = self._while_slot_busy(
+                    lambda: conn.start_replication(
+                        options.slot,
+                        options.start_lsn or INVALID_LSN,
+                        plugin_options,
+                        status_interval=options.status_interval,
+                    ),
+                    stop,
                 )
                 self._stream = stream
                 try:
@@ -333,6 +349,26 @@ class Receiver:
             conn.close()
         self._publish(stopped_by)
         return self.progress
+
+    def _while_slot_busy(self, attempt: Callable[[], _T], stop: threading.Event) -> _T:
+        """``attempt()``, retried with backoff while the slot is active for another process,
+        for up to ``slot_busy_wait`` seconds; then its SlotInUse propagates."""
+        deadline = time.monotonic() + self.options.slot_busy_wait
+        delay = 0.25
+        while True:
+            try:
+                return attempt()
+            except SlotInUse as busy:
+                if stop.is_set() or time.monotonic() + delay > deadline:
+                    raise
+                _log.info(
+                    "slot %r is active for PID %s; retrying in %.2f s",
+                    busy.slot,
+                    busy.active_pid,
+                    delay,
+                )
+                stop.wait(delay)
+                delay = min(delay * 2, 5.0)
 
     def _loop(
         self,

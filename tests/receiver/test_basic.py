@@ -4,17 +4,20 @@ change log and comes back as the source committed it (pgoutput and test_decoding
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pgcdc.changelog import ChangeLog
+from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.errors import (
     ConnectionLost,
     InvalidOption,
     PublicationNotFound,
     ReplicationStreamError,
+    SlotInUse,
     SlotNotFound,
 )
 from pgcdc.localpg import wait_until
@@ -280,3 +283,44 @@ def test_terminated_walsender_surfaces_typed_error_after_keeping_what_arrived(
     [error] = errors
     assert isinstance(error, ReplicationStreamError | ConnectionLost), error
     compare(tmp_path, expected)  # what arrived before the error is kept
+
+
+def test_a_slot_held_by_another_client_is_waited_for(db: Database, tmp_path: Path) -> None:
+    """As after a crash, when the dead receiver's walsender still holds the slot: with
+    ``slot_busy_wait`` the receiver retries until the slot is free; with 0 it fails at once."""
+    setup(db, "test_decoding")
+    expected = workload(db)
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    holder = ReplicationConnection.connect(db.conninfo())
+    stream = holder.start_replication("s")
+    with ChangeLog(tmp_path).writer() as sink:
+        with pytest.raises(SlotInUse, match="active for PID"):
+            Receiver(options(db, "test_decoding", end, slot_busy_wait=0), sink).run()
+        result: list[ReceiverProgress | BaseException] = []
+
+        def receive() -> None:
+            try:
+                result.append(Receiver(options(db, "test_decoding", end), sink).run())
+            except BaseException as error:
+                result.append(error)
+
+        waiting = threading.Thread(target=receive)
+        waiting.start()
+        try:
+            time.sleep(1.0)  # the receiver is retrying now
+            assert not result, result
+        finally:
+            stream.stop()
+            holder.close()
+        waiting.join(60)
+    assert not waiting.is_alive()
+    [progress] = result
+    assert isinstance(progress, ReceiverProgress), progress
+    assert progress.stopped_by == "end_lsn"
+    compare(tmp_path, expected)
+
+
+def test_slot_busy_wait_must_not_be_negative(db: Database) -> None:
+    with pytest.raises(InvalidOption, match="slot_busy_wait"):
+        options(db, "test_decoding", LSN(1), slot_busy_wait=-1)
