@@ -1,14 +1,23 @@
-"""Random change sequences, split into random batches, against the Python model."""
+"""Random change sequences, split into random batches, against the Python model.
+
+Batches with TRUNCATE or unchanged TOAST take ``plan``; the others fold in Arrow
+(``fold_mirror``, ``fold_history``). The model test writes both kinds; the fold test checks the
+folds give exactly what ``plan`` gives on the same batches."""
 
 from __future__ import annotations
 
 import tempfile
 from typing import Any
 
+import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgcdc.events import ReplicaIdentity
 from pgcdc.sinks import DeltaSink, SinkKind, read_table
+from pgcdc.sinks.changes import TableSpec
+from pgcdc.sinks.delta import fold_history, fold_mirror, prepare
+from pgcdc.sinks.plan import plan
 
 from .model import Source, items_spec
 from .test_delta import check_all
@@ -18,11 +27,16 @@ Step = tuple[str, int, int, bool, bool]
 
 
 @st.composite
-def programs(draw: st.DrawFn) -> list[list[Step]]:
-    """Transactions of abstract steps: (kind, key, other key, toast body?, change name?)."""
-    kinds = st.sampled_from(["write", "write", "write", "move", "delete", "truncate"])
+def programs(draw: st.DrawFn, foldable: bool = False) -> list[list[Step]]:
+    """Transactions of abstract steps: (kind, key, other key, toast body?, change name?).
+    ``foldable``: no TRUNCATE and no unchanged TOAST, so every batch folds in Arrow."""
+    choices = ["write", "write", "write", "move", "delete"] + ([] if foldable else ["truncate"])
     step = st.tuples(
-        kinds, st.sampled_from(KEYS), st.sampled_from(KEYS), st.booleans(), st.booleans()
+        st.sampled_from(choices),
+        st.sampled_from(KEYS),
+        st.sampled_from(KEYS),
+        st.just(False) if foldable else st.booleans(),
+        st.booleans(),
     )
     return draw(st.lists(st.lists(step, min_size=1, max_size=4), min_size=1, max_size=10))
 
@@ -80,3 +94,52 @@ def test_random_changes_in_random_batches(
         check_all(sink, src)
         changelog = read_table(sink.path(src.spec, SinkKind.CHANGELOG))
         assert sorted(changelog.column("_lsn").to_pylist()) == sorted(sent_lsns)
+
+
+def _fold_equals_plan(spec: TableSpec, batch: pa.Table) -> bool:
+    """Whether the batch folded; if it did, the folds must say what ``plan`` says."""
+    dspec, changes = prepare(spec, batch)
+    history = fold_history(dspec, changes)
+    mirror = fold_mirror(dspec, changes)
+    assert (history is None) == (mirror is None)
+    if history is None or mirror is None:
+        return False
+    p = plan(dspec, changes)
+    assert history.starts.tolist() == [v.row for v in p.versions]
+    assert history.ends.tolist() == [-1 if v.closed_by is None else v.closed_by for v in p.versions]
+    keys = dspec.key_columns
+    touched = zip(*(history.target_keys.column(k).to_pylist() for k in keys), strict=True)
+    assert dict(zip(touched, history.target_ends.tolist(), strict=True)) == p.target_closed
+    rows, deleted = mirror
+    assert rows.to_pylist() == sorted(v.row for v in p.final.values() if v is not None)
+    gone = set(zip(*(deleted.column(k).to_pylist() for k in keys), strict=True))
+    assert gone == {k for k, v in p.final.items() if v is None}
+    return True
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.booleans(),
+    programs(foldable=True),
+    programs(),
+    st.sampled_from([ReplicaIdentity.DEFAULT, ReplicaIdentity.FULL]),
+)
+def test_folds_equal_plan(
+    foldable_first: bool,
+    foldable: list[list[Step]],
+    general: list[list[Step]],
+    identity: ReplicaIdentity,
+) -> None:
+    src = Source(items_spec(identity=identity))
+    counter = [0]
+    first, second = (foldable, general) if foldable_first else (general, foldable)
+    for steps in first:
+        _run(src, steps, counter)
+        src.commit()
+    folded = _fold_equals_plan(src.spec, src.take())
+    assert folded or not foldable_first
+    for steps in second:
+        _run(src, steps, counter)
+        src.commit()
+    folded = _fold_equals_plan(src.spec, src.take())
+    assert folded or foldable_first

@@ -194,6 +194,16 @@ def _has_data(table: DeltaTable) -> bool:
     return bool(table.file_uris())
 
 
+def _execute(merger: Any, table: DeltaTable, schema: pa.Schema, commit: CommitProperties) -> None:
+    """Run a MERGE; when it changed nothing (delta-rs then commits nothing), record the batch
+    version with an empty commit, so a replay of the batch is still seen as one."""
+    before = table.version()
+    merger.execute()
+    table.update_incremental()
+    if table.version() == before:
+        write_deltalake(table, schema.empty_table(), mode="append", commit_properties=commit)
+
+
 def _key_predicate(dspec: c.TableSpec) -> str:
     # Replica identity keys (primary key, USING INDEX) are NOT NULL; FULL keys may hold NULLs.
     op = "IS NOT DISTINCT FROM" if dspec.old_is_full_row else "="
@@ -281,11 +291,11 @@ def _groupable(t: pa.DataType) -> bool:
     )
 
 
-def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Table] | None:
-    """The mirror's end state for an ordered batch without TRUNCATE or unchanged TOAST, in
-    Arrow: (rows whose values each touched key ends with, keys that end deleted). Last write
-    wins per key in (commit LSN, seq) order; a key change deletes the old key. None: the batch
-    needs ``plan`` (TOAST lineage, TRUNCATE, a DELETE without key, float or nested keys)."""
+def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
+    """The key events of an ordered batch without TRUNCATE or unchanged TOAST, in Arrow: one row
+    per key a change touches, with ``__order`` = 2 * change row + (0: the old key goes, 1: the
+    new key is written). None: the batch needs ``plan`` (TOAST lineage,
+    TRUNCATE, a DELETE without key, float or nested keys)."""
     keys = list(dspec.key_columns)
     if not all(_groupable(dspec.schema.field(k).type) for k in keys):
         return None
@@ -299,7 +309,6 @@ def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Tab
     is_delete = pc.equal(ops, c.DELETE)
     if pc.any(pc.and_(is_delete, pc.invert(has_old))).as_py():
         return None
-    # Events, ordered by 2 * row + (0: the old key goes, 1: the new key is written).
     number = pa.array(np.arange(changes.num_rows, dtype=np.int64))
     gone = pc.or_(is_delete, pc.and_(pc.equal(ops, c.UPDATE), has_old))
     written = pc.invert(is_delete)
@@ -312,12 +321,75 @@ def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Tab
         ]
     )
     events = pa.concat_tables([old_keys, new_keys.cast(old_keys.schema)])
-    events = events.append_column("__order", order)
-    last = events.group_by(keys, use_threads=False).aggregate([("__order", "max")])
-    final = last.column("__order_max").to_numpy()
+    return events.append_column(_ORDER, order)
+
+
+_ORDER = "__order"
+
+
+def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Table] | None:
+    """The mirror's end state for an ordered batch without TRUNCATE or unchanged TOAST, in
+    Arrow: (rows whose values each touched key ends with, keys that end deleted). Last write
+    wins per key in (commit LSN, seq) order; a key change deletes the old key. None: the batch
+    needs ``plan``."""
+    events = _key_events(dspec, changes)
+    if events is None:
+        return None
+    keys = list(dspec.key_columns)
+    last = events.group_by(keys, use_threads=False).aggregate([(_ORDER, "max")])
+    final = last.column(f"{_ORDER}_max").to_numpy()
     upsert = (final % 2) == 1
     deleted = last.select(keys).filter(pa.array(~upsert))
     return pa.array(np.sort(final[upsert] // 2)), deleted
+
+
+@dataclass(frozen=True)
+class HistoryFold:
+    """A history batch folded in Arrow: the versions it opens and what closes them."""
+
+    # Change rows that open a version (INSERT, UPDATE), ascending.
+    starts: np.ndarray[Any, np.dtype[np.int64]]
+    # The change row that closes each of them, -1 for versions still open after the batch.
+    ends: np.ndarray[Any, np.dtype[np.int64]]
+    # Every key the batch touched, with the first change row touching it: that change ends
+    # the version the Delta table held for the key before the batch, if it held one.
+    target_keys: pa.Table
+    target_ends: np.ndarray[Any, np.dtype[np.int64]]
+
+
+def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
+    """The history's versions for an ordered batch without TRUNCATE or unchanged TOAST, in
+    Arrow: every INSERT or UPDATE opens a version of its key, and the next change touching that
+    key (in (commit LSN, seq) order) closes it, as ``plan`` does. None: the batch needs ``plan``.
+    """
+    events = _key_events(dspec, changes)
+    if events is None:
+        return None
+    keys = list(dspec.key_columns)
+    grouped = events.group_by(keys, use_threads=False).aggregate([(_ORDER, "list")])
+    lists = grouped.column(f"{_ORDER}_list").combine_chunks()
+    orders = pc.list_flatten(lists).to_numpy()
+    parents = pc.list_parent_indices(lists).to_numpy()
+    # Events are already in order within each key; sorting again costs little and relies on
+    # nothing about the order hash_list keeps.
+    position = np.lexsort((orders, parents))
+    orders, parents = orders[position], parents[position]
+    rows = orders // 2
+    same_key_next = np.zeros(len(orders), dtype=bool)
+    same_key_next[:-1] = parents[1:] == parents[:-1]
+    closers = np.full(len(orders), -1, dtype=np.int64)
+    closers[:-1] = np.where(same_key_next[:-1], rows[1:], -1)
+    opens = (orders % 2) == 1
+    starts, ends = rows[opens], closers[opens]
+    by_row = np.argsort(starts, kind="stable")
+    first = np.ones(len(orders), dtype=bool)
+    first[1:] = parents[1:] != parents[:-1]
+    return HistoryFold(
+        starts=starts[by_row],
+        ends=ends[by_row],
+        target_keys=grouped.select(keys),  # group i's events are those with parent i
+        target_ends=rows[first],
+    )
 
 
 def _write_mirror(
@@ -382,7 +454,7 @@ def _write_mirror(
     )
     if truncate_row is not None:
         merger = merger.when_not_matched_by_source_delete()
-    merger.execute()
+    _execute(merger, table, schema, commit)
 
 
 def _timestamp_literal(value: datetime) -> str:
@@ -391,51 +463,65 @@ def _timestamp_literal(value: datetime) -> str:
     return f"arrow_cast({micros}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
 
 
+def _ended(changes: pa.Table, column: str, ends: np.ndarray[Any, Any], open_value: Any) -> pa.Array:
+    """``column`` of the changes that end each version; ``open_value`` for open versions."""
+    indices = pa.array(ends, pa.int64(), mask=ends < 0)
+    array = changes.column(column).combine_chunks()
+    return pc.fill_null(array.take(indices), pa.scalar(open_value, array.type))
+
+
 def _write_history(
     path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
 ) -> None:
     table, schema = _ensure(path, _history_schema(dspec), dspec, so)
-    p = plan(dspec, changes)
-    versions = p.versions
-    target, target_rows = _read_target(
-        table,
-        dspec=dspec,
-        keys=p.target_keys(),
-        versions=versions,
-        changes=changes,
-        current_only=True,
-    )
-    rows = assemble(dspec, changes, versions, target, target_rows)
-    lsn = changes.column(c.COMMIT_LSN).to_pylist()
-    time = changes.column(c.COMMIT_TIME).to_pylist()
-    ends = [v.closed_by for v in versions]
-    starts = [v.row for v in versions]
-    rows = rows.append_column(c.OP, _take(changes, c.OP, starts))
-    rows = rows.append_column(VALID_FROM_LSN, _take(changes, c.COMMIT_LSN, starts))
-    rows = rows.append_column(
-        VALID_TO_LSN, pa.array([LSN_INFINITY if e is None else lsn[e] for e in ends], LSN_TYPE)
-    )
-    rows = rows.append_column(VALID_FROM_TIME, _take(changes, c.COMMIT_TIME, starts))
-    rows = rows.append_column(
-        VALID_TO_TIME,
-        pa.array([TIME_INFINITY if e is None else time[e] for e in ends], c.COMMIT_TIME_TYPE),
-    )
-    rows = rows.append_column(IS_CURRENT, pa.array([e is None for e in ends], pa.bool_()))
-    rows = rows.append_column(c.TEXT, _take(changes, c.TEXT, starts))
-    if (not p.target_closed and p.truncate_row is None) or not _has_data(table):
+    folded = fold_history(dspec, changes)
+    truncate_row: int | None = None
+    if folded is not None:
+        starts, ends = folded.starts, folded.ends
+        rows = changes.select(dspec.schema.names).take(pa.array(starts))
+        rows = pa.Table.from_arrays(
+            [rows.column(n).combine_chunks() for n in rows.column_names], schema=dspec.schema
+        )
+        closed_keys, closed_ends = folded.target_keys, folded.target_ends
+    else:
+        p = plan(dspec, changes)
+        truncate_row = p.truncate_row
+        versions = p.versions
+        target, target_rows = _read_target(
+            table,
+            dspec=dspec,
+            keys=p.target_keys(),
+            versions=versions,
+            changes=changes,
+            current_only=True,
+        )
+        rows = assemble(dspec, changes, versions, target, target_rows)
+        starts = np.array([v.row for v in versions], dtype=np.int64)
+        ends = np.array([-1 if v.closed_by is None else v.closed_by for v in versions], np.int64)
+        closed = list(p.target_closed)
+        closed_keys = pa.table(_key_rows(dspec, closed))
+        closed_ends = np.array([p.target_closed[k] for k in closed], dtype=np.int64)
+    start_rows = pa.array(starts, pa.int64())
+    rows = rows.append_column(c.OP, changes.column(c.OP).take(start_rows))
+    rows = rows.append_column(VALID_FROM_LSN, changes.column(c.COMMIT_LSN).take(start_rows))
+    rows = rows.append_column(VALID_TO_LSN, _ended(changes, c.COMMIT_LSN, ends, LSN_INFINITY))
+    rows = rows.append_column(VALID_FROM_TIME, changes.column(c.COMMIT_TIME).take(start_rows))
+    rows = rows.append_column(VALID_TO_TIME, _ended(changes, c.COMMIT_TIME, ends, TIME_INFINITY))
+    rows = rows.append_column(IS_CURRENT, pa.array(ends < 0, pa.bool_()))
+    rows = rows.append_column(c.TEXT, changes.column(c.TEXT).take(start_rows))
+    if (closed_keys.num_rows == 0 and truncate_row is None) or not _has_data(table):
         write_deltalake(
             path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
         )
         return
     source_schema = schema.append(pa.field(_ACTION, pa.string()))
-    closed = list(p.target_closed)
-    close_rows = pa.table(
-        {
-            **_key_rows(dspec, closed),
-            VALID_TO_LSN: pa.array([lsn[p.target_closed[k]] for k in closed], LSN_TYPE),
-            VALID_TO_TIME: pa.array([time[p.target_closed[k]] for k in closed], c.COMMIT_TIME_TYPE),
-            _ACTION: pa.array(["close"] * len(closed), pa.string()),
-        }
+    closing = pa.array(closed_ends, pa.int64())
+    close_rows = closed_keys.append_column(VALID_TO_LSN, changes.column(c.COMMIT_LSN).take(closing))
+    close_rows = close_rows.append_column(
+        VALID_TO_TIME, changes.column(c.COMMIT_TIME).take(closing)
+    )
+    close_rows = close_rows.append_column(
+        _ACTION, pa.array(["close"] * close_rows.num_rows, pa.string())
     )
     new_rows = rows.append_column(_ACTION, pa.array(["insert"] * rows.num_rows, pa.string()))
     source = pa.concat_tables([align(new_rows, source_schema), align(close_rows, source_schema)])
@@ -457,17 +543,18 @@ def _write_history(
         updates={_quote(n): f"s.{_quote(n)}" for n in schema.names},
         predicate=f"s.{_ACTION} = 'insert'",
     )
-    if p.truncate_row is not None:
-        row = p.truncate_row
+    if truncate_row is not None:
         merger = merger.when_not_matched_by_source_update(
             updates={
-                VALID_TO_LSN: str(lsn[row]),
-                VALID_TO_TIME: _timestamp_literal(time[row]),
+                VALID_TO_LSN: str(changes.column(c.COMMIT_LSN)[truncate_row].as_py()),
+                VALID_TO_TIME: _timestamp_literal(
+                    changes.column(c.COMMIT_TIME)[truncate_row].as_py()
+                ),
                 IS_CURRENT: "false",
             },
             predicate=f"t.{IS_CURRENT}",
         )
-    merger.execute()
+    _execute(merger, table, schema, commit)
 
 
 _WRITERS = {
