@@ -3,6 +3,7 @@ Spark: a column added mid-batch splits a table into two runs written as two vers
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from pgcdc.changelog import ChangeLog, encode
+from pgcdc.changelog.reader import segment_frames
 from pgcdc.decoding.state import table_to_dict
 from pgcdc.events import Column, Delete, Insert, Table, Type, Update
 from pgcdc.lsn import LSN
@@ -94,14 +96,18 @@ def _txns_with_a_type_and_a_new_column() -> list[CommittedTransaction]:
 Found = list[tuple[str, tuple[int, int], list[dict[str, Any]]]]
 
 
-def _read_parts(root: Path, rows_per_partition: int, low: str) -> tuple[int, Found]:
+def _reader(root: Path, rows_per_partition: int, low: str) -> PgcdcBatchReader:
     options = {
         "path": str(root),
         "format": "chunks",
         "startingLsn": low,
         "rowsPerPartition": str(rows_per_partition),
     }
-    reader = PgcdcBatchReader(Settings.parse(options), None)
+    return PgcdcBatchReader(Settings.parse(options), None)
+
+
+def _read_parts(root: Path, rows_per_partition: int, low: str) -> tuple[int, Found]:
+    reader = _reader(root, rows_per_partition, low)
     parts = reader.partitions()
     found: Found = []
     for part in parts:
@@ -140,3 +146,28 @@ def test_a_segment_split_into_row_ranges_reads_as_the_whole(tmp_path: Path) -> N
         moods = [r.get("mood") for _, r in _in_order(whole)]
         happy = sum(isinstance(e, Insert) and len(e.new) == 3 for e in expected)
         assert len(moods) == len(expected) and moods.count("happy") == happy > 0
+
+
+def test_parts_start_at_the_batch_with_the_types_in_force_there(tmp_path: Path) -> None:
+    log = ChangeLog(tmp_path / "log")
+    with log.writer(frame_bytes=600) as writer:
+        for txn in _txns_with_a_type_and_a_new_column():
+            writer.append(txn)
+        writer.flush()
+    root = tmp_path / "log"
+    # One reader planning successive batches (as a stream does) reads each Type row once and
+    # gives every batch the parts a fresh reader gives it.
+    streaming = _reader(root, 7, "0/0")
+    bounds = [LSN(0x1000 * n) for n in range(0, 21, 3)]
+    for low, high in itertools.pairwise(bounds):
+        parts = streaming.plan(low + 1, high)
+        fresh = _reader(root, 7, "0/0").plan(low + 1, high)
+        assert [(p.rows, p.types) for p in parts] == [(p.rows, p.types) for p in fresh]
+        assert parts and all(p.rows is not None for p in parts)
+        # No part reads the frames before the batch: the first starts where its frame does.
+        frames = segment_frames(log.segments()[0].path)
+        starts = [sum(f.rows for f in frames[:i]) for i in range(len(frames))]
+        first = next(s for s, f in zip(starts, frames, strict=True) if f.last_commit_lsn > low)
+        assert parts[0].rows is not None and parts[0].rows[0] == first
+        # Parts after the Type row (in transaction 11) get its definition from the driver.
+        assert any("mood" in p.types for p in parts) == (high > 0xB000)

@@ -2,7 +2,7 @@
 table's changelog / mirror / history with ``pgcdc.sinks``, exactly once.
 
 Executors type the changes (``format=chunks``: one row per run of a table's typed changes);
-``foreachBatch`` collects the batch once, orders each table's runs by (commit LSN, seq) and
+``foreachBatch`` collects the batch once as Arrow, orders each table's runs by (commit LSN, seq) and
 writes them. A table whose definition changes inside a batch (a column added or dropped) has
 several runs: run *r* of every table is written as Delta application transaction version
 ``batch_id * 1024 + r``, so each write has one ``TableSpec`` and a replayed batch (after a
@@ -68,6 +68,25 @@ class Chunk:
     definition: str
     first: tuple[int, int]
     changes: pa.Table
+
+
+def chunks_from_arrow(table: pa.Table) -> list[Chunk]:
+    """A ``format=chunks`` batch as Arrow (``DataFrame.toArrow``: no per-row Python objects
+    from Spark) to chunks; each IPC stream is read in place."""
+    chunks: list[Chunk] = []
+    for batch in table.to_batches():
+        data = batch.column("chunk")
+        for i, (name, definition, lsn, seq) in enumerate(
+            zip(
+                batch.column("table").to_pylist(),
+                batch.column("definition").to_pylist(),
+                batch.column("first_commit_lsn").to_pylist(),
+                batch.column("first_seq").to_pylist(),
+                strict=True,
+            )
+        ):
+            chunks.append(Chunk(name, definition, (lsn, seq), read_ipc(data[i].as_buffer())))
+    return chunks
 
 
 def chunks_from_rows(rows: Iterable[Any]) -> list[Chunk]:
@@ -170,7 +189,7 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
 
     def apply(frame: Any, batch_id: int) -> None:
         started = time.perf_counter()
-        chunks = chunks_from_rows(frame.collect())
+        chunks = chunks_from_arrow(frame.toArrow())
         collected = time.perf_counter()
         results = write_chunks(sink, batch_id, chunks)
         written = sum(r.rows for r in results if r.applied)
@@ -217,6 +236,7 @@ def parse_kinds(names: Collection[str]) -> tuple[SinkKind, ...]:
 __all__ = [
     "Chunk",
     "PipelineConfig",
+    "chunks_from_arrow",
     "chunks_from_rows",
     "make_sink",
     "parse_kinds",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -198,8 +198,8 @@ class SegmentPartition(InputPartition):
 
     ``rows``: only that range of the segment's rows (a big segment is split so that executors
     share it; the driver reorders runs by commit LSN, so a transaction may span two parts).
-    ``types`` holds the definitions in force at the segment's start; a part reads the Type rows
-    before its range itself."""
+    ``types`` holds the definitions in force where the part's rows start (the driver reads a
+    segment's Type rows once, so no part re-reads the rows before its range)."""
 
     def __init__(
         self,
@@ -231,40 +231,21 @@ def _ipc(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def read_ipc(data: bytes) -> pa.Table:
+def read_ipc(data: bytes | pa.Buffer) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
 def _segment_batches(partition: SegmentPartition) -> Iterator[pa.RecordBatch]:
     fs, _ = fmt.resolve(partition.root, None)
-    # From the segment's start: Type rows before ``low`` still define types (change_tables
-    # skips everything else below ``low``).
+    # From the part's first row (a frame start at or before ``low``): rows below ``low`` still
+    # define types (change_tables skips everything else below ``low``).
     return read_segment(partition.path, None, partition.high, filesystem=fs, rows=partition.rows)
-
-
-def _partition_types(partition: SegmentPartition) -> dict[int, TypeInfo]:
-    """The type definitions in force where the partition's rows start."""
-    known = _types(partition.types)
-    if partition.rows is None or partition.rows[0] == 0:
-        return known
-    fs, _ = fmt.resolve(partition.root, None)
-    before = read_segment(
-        partition.path, None, partition.high, filesystem=fs, rows=(0, partition.rows[0])
-    )
-    for batch in before:
-        is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
-        if pc.any(is_type).as_py():
-            for row in decode_rows(batch.filter(is_type)):
-                event = row.event
-                assert isinstance(event, Type)
-                known[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
-    return known
 
 
 def _typed_runs(partition: SegmentPartition, settings: Settings) -> Iterator[Any]:
     return change_tables(
         _segment_batches(partition),
-        types=_partition_types(partition),
+        types=_types(partition.types),
         from_lsn=partition.low,
         options=settings.arrow,
     )
@@ -449,6 +430,57 @@ def _row_ranges(
     return [(a, b) for a, b in zip(bounds, ends, strict=True)]
 
 
+def _first_row(frames: list[FrameInfo], low: int) -> int:
+    """The segment's row number where the first frame with a transaction at or after ``low``
+    starts (the row count when there is none)."""
+    number = 0
+    for frame in frames:
+        if frame.last_commit_lsn >= low:
+            return number
+        number += frame.rows
+    return number
+
+
+@dataclass
+class SegmentTypes:
+    """The type definitions in force along one segment's rows, read by the driver once per
+    segment (incrementally, as batches move through it)."""
+
+    path: str
+    base: dict[int, TypeInfo]
+    scanned: int = 0
+    # (first row it holds for, the definitions), ascending: one step per Type row.
+    steps: list[tuple[int, dict[int, TypeInfo]]] = field(default_factory=list)
+
+    def at(self, row: int, filesystem: Any) -> dict[int, TypeInfo]:
+        """The definitions in force for the segment's row ``row`` (rows before it read)."""
+        if row > self.scanned:
+            self._scan(row, filesystem)
+        found = self.base
+        for start, types in self.steps:
+            if start > row:
+                break
+            found = types
+        return found
+
+    def _scan(self, stop: int, filesystem: Any) -> None:
+        number = self.scanned
+        for batch in read_segment(self.path, filesystem=filesystem, rows=(self.scanned, stop)):
+            is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
+            if pc.any(is_type).as_py():
+                positions = pc.indices_nonzero(is_type).to_pylist()
+                for position, row in zip(
+                    positions, decode_rows(batch.filter(is_type)), strict=True
+                ):
+                    event = row.event
+                    assert isinstance(event, Type)
+                    types = dict(self.steps[-1][1] if self.steps else self.base)
+                    types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+                    self.steps.append((number + position + 1, types))
+            number += batch.num_rows
+        self.scanned = stop
+
+
 class _Reader:
     """What the batch and stream readers share: planning partitions over the log."""
 
@@ -456,22 +488,40 @@ class _Reader:
         self.settings = settings
         self.schema = schema
         self.log = ChangeLog(settings.path)
+        self.segment_types: dict[str, SegmentTypes] = {}
 
     def plan(self, low: int, high: int) -> list[SegmentPartition]:
         parts: list[SegmentPartition] = []
         if high < low:
             return parts
         fs, _ = fmt.resolve(self.settings.path, None)
-        for info in self.log.segments():
+        segments = self.log.segments()
+        live = {info.path for info in segments}
+        for path in [p for p in self.segment_types if p not in live]:
+            del self.segment_types[path]  # released
+        for info in segments:
             assert info.first_commit_lsn is not None
             if info.last_commit_lsn < low or info.first_commit_lsn > high:
                 continue
-            types = json.dumps([type_to_dict(t) for t in self.log.state_at(info).types.values()])
-            for rows in _row_ranges(
-                segment_frames(info.path, filesystem=fs), low, high, self.settings.partition_rows
-            ):
+            known = self.segment_types.get(info.path)
+            if known is None:
+                known = SegmentTypes(info.path, dict(self.log.state_at(info).types))
+                self.segment_types[info.path] = known
+            frames = segment_frames(info.path, filesystem=fs)
+            first = _first_row(frames, low)
+            for rows in _row_ranges(frames, low, high, self.settings.partition_rows):
+                start, stop = rows if rows is not None else (0, None)
+                start = max(start, first)
+                types = known.at(start, fs)
                 parts.append(
-                    SegmentPartition(self.settings.path, info.path, low, high, types, rows=rows)
+                    SegmentPartition(
+                        self.settings.path,
+                        info.path,
+                        low,
+                        high,
+                        json.dumps([type_to_dict(t) for t in types.values()]),
+                        rows=(start, stop),
+                    )
                 )
         return parts
 
