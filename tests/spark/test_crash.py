@@ -1,6 +1,11 @@
 """Kill the Spark driver (SIGKILL, the whole process group: Python and its JVM) at random
 instants while the pipeline writes, restart it on the same checkpoint each time: the mirrors
-and histories still equal the source and no changelog row is duplicated."""
+and histories still equal the source and no changelog row is duplicated.
+
+Five kills per server, ten in all (the issue's count). Ten per server was measured at 6.5-7
+minutes per server on the shared 2-core machine (each kill waits for a new driver's Spark
+start-up, 15-25 s there), too long for CI's 20 minutes with the rest of the suite; five per
+server take about half that."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from .helpers import (
     source_state,
 )
 
-KILLS_PER_SERVER = 5  # x2 servers: the issue's 10 kills, within a few minutes
+KILLS_PER_SERVER = 5  # x2 servers: the issue's 10 kills (see the docstring for 10 per server)
 ROOT = Path(__file__).resolve().parents[2]
 
 
