@@ -370,8 +370,7 @@ def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
     lists = grouped.column(f"{_ORDER}_list").combine_chunks()
     orders = pc.list_flatten(lists).to_numpy()
     parents = pc.list_parent_indices(lists).to_numpy()
-    # Events are already in order within each key; sorting again costs little and relies on
-    # nothing about the order hash_list keeps.
+    # Each key's events in change order (they come old keys first, then new ones).
     position = np.lexsort((orders, parents))
     orders, parents = orders[position], parents[position]
     rows = orders // 2
