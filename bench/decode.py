@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -129,7 +129,7 @@ def change_rows(events: list[Event]) -> list[tuple[Table, Row]]:
     return rows
 
 
-def to_arrow_batches(rows: list[tuple[Table, Row]], registry: TypeRegistry) -> int:
+def to_arrow_batches(rows: Sequence[tuple[Table, Row]], registry: TypeRegistry) -> int:
     """Rows grouped into per-table batches of up to ARROW_BATCH_ROWS, as an executor would."""
     batches = 0
     pending: list[Row] = []

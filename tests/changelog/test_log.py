@@ -312,12 +312,17 @@ def _frames(root) -> list[tuple[int, int, int, int]]:
     """(flags, first commit, last commit, rows) of every frame, in log order."""
     from pgcdc.changelog import segments as fmt
 
-    found = []
+    found: list[tuple[int, int, int, int]] = []
     for path in sorted(root.glob("*.pgcdcseg")):
         with open(path, "rb") as f:
             scan = fmt.scan(f, os.path.getsize(path), str(path), verify=True)
         found += [
-            (r.header.flags, r.header.first_commit_lsn, r.header.last_commit_lsn, r.header.rows)
+            (
+                r.header.flags,
+                int(r.header.first_commit_lsn),
+                int(r.header.last_commit_lsn),
+                r.header.rows,
+            )
             for r in scan.frames
         ]
     return found

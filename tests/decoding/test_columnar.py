@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from pgcdc.decoding import arrow, columnar
 from pgcdc.decoding.arrow import ArrowOptions, rows_to_arrow
+from pgcdc.decoding.values import registry_for
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, Column, EncodedRow, RawValue, Table
 
@@ -312,9 +314,10 @@ def test_mutated_tuple_data_raises_only_decode_errors(data: st.DataObject) -> No
         fast = comparable(rows_to_arrow(MIXED, encoded))
     except DecodeError as exc:
         fast = ("DecodeError", str(exc))
+    as_rows: list[Sequence[RawValue]] = list(encoded)
     try:
         slow = comparable(
-            arrow._row_batch(MIXED, encoded, arrow._plan(MIXED, arrow.registry_for(None), PRECISE))
+            arrow._row_batch(MIXED, as_rows, arrow._plan(MIXED, registry_for(None), PRECISE))
         )
     except DecodeError as exc:
         slow = ("DecodeError", str(exc))
