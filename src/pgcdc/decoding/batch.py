@@ -98,18 +98,8 @@ def decode_batch(
 
     ``types`` defaults to the types the stream announced (``decoder.state.types``).
     """
-    if len(payloads) != len(lsns):
-        raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
     registry = registry_for(types if types is not None else decoder.state.types)
-    count = len(payloads)
-    lengths = np.fromiter(map(len, payloads), np.int64, count)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    buffer = columnar.WireBuffer(b"".join(payloads))
-    first = buffer.u8[starts]
-    change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
-    # Begin and Commit do not change the decoder's state: a run of changes goes on across them.
-    passive = ((first == _BEGIN) | (first == _COMMIT)) & (lengths > 0)
+    count, buffer, first, starts, ends, change, passive = _frame(payloads, lsns)
     events: list[tuple[int, Event]] = []
     changes: list[ChangeBatch] = []
     run = _Run(decoder, buffer, first, starts, ends, registry, options)
@@ -128,6 +118,33 @@ def decode_batch(
             events.append((index, decoder.decode_one(payloads[index], lsns[index])))
         region_start = index + 1
     return DecodedBatch(events, changes)
+
+
+def _frame(
+    payloads: Sequence[bytes | memoryview], lsns: Sequence[LSN]
+) -> tuple[
+    int,
+    columnar.WireBuffer,
+    npt.NDArray[np.uint8],
+    Int64s,
+    Int64s,
+    npt.NDArray[np.bool_],
+    npt.NDArray[np.bool_],
+]:
+    """The messages joined into one buffer: (count, buffer, first bytes, starts, ends, is a
+    change, is Begin/Commit). Begin and Commit leave the decoder's state alone, so a run of
+    changes goes on across them."""
+    if len(payloads) != len(lsns):
+        raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
+    count = len(payloads)
+    lengths = np.fromiter(map(len, payloads), np.int64, count)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    buffer = columnar.WireBuffer(b"".join(payloads))
+    first = buffer.u8[starts]
+    change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
+    passive = ((first == _BEGIN) | (first == _COMMIT)) & (lengths > 0)
+    return count, buffer, first, starts, ends, change, passive
 
 
 def _columnar_region(
@@ -367,20 +384,13 @@ def decode_many(
     """``[decoder.decode_one(p, lsn) for p, lsn in zip(payloads, lsns)]`` for a decoder with
     lazy rows: the same events (rows as EncodedRows) and the same errors, the framing of each
     long run of changes checked with numpy at once instead of column by column in Python."""
-    if len(payloads) != len(lsns):
-        raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
     if not decoder.lazy_rows:
+        if len(payloads) != len(lsns):
+            raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
         return [
             decoder.decode_one(payload, lsn) for payload, lsn in zip(payloads, lsns, strict=True)
         ]
-    count = len(payloads)
-    lengths = np.fromiter(map(len, payloads), np.int64, count)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    buffer = columnar.WireBuffer(b"".join(payloads))
-    first = buffer.u8[starts]
-    change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
-    passive = ((first == _BEGIN) | (first == _COMMIT)) & (lengths > 0)
+    count, buffer, first, starts, ends, change, passive = _frame(payloads, lsns)
     run = _Run(decoder, buffer, first, starts, ends, registry_for(None), DEFAULT_OPTIONS)
     events: list[Event] = []
     region_start = 0
