@@ -359,10 +359,8 @@ def _converter(resolved: ResolvedType, data_type: pa.DataType, options: ArrowOpt
 
 _UUID_TEXT = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _TEXT_ONLY = frozenset({str, type(None)})
-_IDENTITY_TEXT = frozenset(
-    {"text", "varchar", "bpchar", "name", "json", "jsonb", "xml", "enum", "bit", "varbit"}
-)
-_CAST_TEXT = frozenset({"int2", "int4", "int8", "float8", "date", "timestamp", "timestamptz"})
+# The text kinds the tuples path builds with Arrow compute (columnar.fast_kind decides).
+_TUPLE_KINDS = frozenset({"identity", "uuid", "bool", "cast"})
 
 
 def _bool_column(strings: pa.Array) -> pa.Array | None:
@@ -377,19 +375,9 @@ def _uuid_column(strings: pa.Array) -> pa.Array | None:
 
 
 def _fast_kind(resolved: ResolvedType, data_type: pa.DataType, options: ArrowOptions) -> str | None:
-    """How a text column of this type is built vectorised, or None (per value only)."""
-    name = resolved.name
-    if name in _IDENTITY_TEXT and pa.types.is_string(data_type):
-        return "identity"
-    if name == "uuid" and pa.types.is_string(data_type):
-        return "uuid"
-    if name == "bool":
-        return "bool"
-    if name in _CAST_TEXT and options.temporal == "precise":
-        return "cast"
-    if name == "numeric" and pa.types.is_decimal(data_type):
-        return "cast"  # NaN and +/-Infinity fail the cast: per value, into the text map
-    return None
+    """How a text column of this type is built vectorised from tuples, or None (per value)."""
+    kind = columnar.fast_kind(resolved.name, data_type, "t", utf8=True, temporal=options.temporal)
+    return kind if kind in _TUPLE_KINDS else None
 
 
 def _fast_column(kind: str, values: Sequence[RawValue], data_type: pa.DataType) -> pa.Array | None:
