@@ -237,8 +237,8 @@ def test_big_table_is_split_and_every_worker_imports_the_snapshot(
     def copying() -> list[tuple[object, ...]]:
         return db.execute(
             "SELECT pid, backend_xmin::text FROM pg_stat_activity WHERE application_name = "
-            "'pgcdc snapshot' AND backend_type = 'client backend' AND xact_start IS NOT NULL"
-        )
+            "'pgcdc snapshot' AND backend_type = 'client backend' AND backend_xmin IS NOT NULL"
+        )  # A worker between BEGIN and its first query has no xmin yet: wait for it.
 
     def on_first_insert() -> None:
         # The consumer holds back: workers fill the queue and wait, each in its transaction.
