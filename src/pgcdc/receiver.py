@@ -20,7 +20,6 @@ once:
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import re
@@ -38,7 +37,12 @@ from pgcdc.connection import preflight
 from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
 from pgcdc.decoding import Decoder
-from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, max_proto_version
+from pgcdc.decoding.pgoutput import (
+    LazyRows,
+    PgOutputDecoder,
+    PgOutputOptions,
+    max_proto_version,
+)
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse
 from pgcdc.events import Delete, Event, Insert, Message, Truncate, Update
@@ -72,7 +76,7 @@ STOP_CHECK_SECONDS = 0.2
 # Messages handled between looks at the stop event and the flush clock. Small batches also keep
 # few objects alive at once, which spares the garbage collector (see DEFAULT_BATCH).
 BURST_MESSAGES = 64
-_CONTENT = (Insert, Update, Delete, Truncate, Message)
+_CONTENT = frozenset((Insert, Update, Delete, Truncate, Message))
 
 
 @dataclass(frozen=True)
@@ -295,8 +299,10 @@ class Receiver:
                 two_phase=options.two_phase,
             )
             plugin_options = {**pg.for_server(version), **options.plugin_options}
-            # Lazy rows: the change log stores rows as the wire bytes, never decoded here.
-            return plugin_options, PgOutputDecoder.for_options(pg, lazy_rows=True)
+            # Lazy rows: the change log stores rows as the wire bytes, never decoded here; it
+            # checks Inserts' rows itself, many at once, so the decoder need not walk them.
+            lazy: LazyRows = "unchecked" if getattr(self.sink, "checks_rows", False) else True
+            return plugin_options, PgOutputDecoder.for_options(pg, lazy_rows=lazy)
         plugin_options = {"include-xids": "1", "include-timestamp": "1"}
         if options.two_phase:
             plugin_options["two-phase-commit"] = "1"
@@ -459,8 +465,7 @@ class Receiver:
         events = txn.events
         counter = [0]
         if isinstance(events, tuple | list):
-            counts = collections.Counter(map(type, events))
-            counter[0] = sum(counts[kind] for kind in _CONTENT)
+            counter[0] = sum(map(_CONTENT.__contains__, map(type, events)))
         else:
             txn = replace(txn, events=_counted(events, counter))
         if not sink.append(txn):

@@ -23,9 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.decoding import state as decoder_state
+from pgcdc.decoding.columnar import first_unreadable_row
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.state import table_to_dict, type_to_dict
-from pgcdc.errors import CorruptChangeLog, InvalidRowValue, UnloggableInput
+from pgcdc.errors import CorruptChangeLog, DecodeError, InvalidRowValue, UnloggableInput
 from pgcdc.events import (
     Delete,
     EncodedRow,
@@ -550,6 +551,20 @@ class BatchBuilder:
             size += len(sparse.get("message_content") or b"")
         return size
 
+    def _check_rows(self, name: str, rows: pa.Array) -> None:
+        """Raise if a row cannot be read back: the receiver's decoder leaves Inserts' rows
+        unchecked (``lazy_rows="unchecked"``) for this check, done for a whole batch at once."""
+        found = first_unreadable_row(rows)
+        if found is None:
+            return
+        index, reason = found
+        oid, namespace, table = self._tables[self._c_table[index]]
+        raise DecodeError(
+            f"the {name} row at LSN {LSN(self._c_lsn[index])} in {namespace}.{table} (OID "
+            f"{oid}) is malformed: {reason}. Nothing of this batch is logged or confirmed, so "
+            "the server sends it again after a restart"
+        )
+
     def build(self) -> pa.RecordBatch:
         """The accumulated rows as one batch of ``SCHEMA``; then start afresh."""
         columns: dict[str, pa.Array] = {}
@@ -577,6 +592,8 @@ class BatchBuilder:
             )
             for name, column in column_lists:
                 columns[name] = pa.array(column, SCHEMA.field(name).type)
+            for name in ("new", "old"):
+                self._check_rows(name, columns[name])
             table_index = _from_array(pa.int32(), self._c_table)
             if -1 in self._c_table:
                 table_index = pc.if_else(pc.less(table_index, 0), None, table_index)

@@ -52,6 +52,9 @@ _DEFINITIONS = frozenset((Relation, Type))
 class ChangeLogWriter:
     """The single appender of a change log. Use as a context manager, or call ``close()``."""
 
+    # Every row is checked when a frame is built, before it is written (see TransactionSink).
+    checks_rows = True
+
     def __init__(
         self,
         root: str | os.PathLike[str],

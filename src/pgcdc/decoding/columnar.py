@@ -23,7 +23,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.events import UNCHANGED_TOAST, RawValue
+from pgcdc.errors import DecodeError
+from pgcdc.events import UNCHANGED_TOAST, RawValue, decode_tuple_data
 
 __all__ = [
     "ColumnView",
@@ -31,6 +32,7 @@ __all__ = [
     "WireBuffer",
     "fast_column",
     "fast_kind",
+    "first_unreadable_row",
     "frame_tuples",
     "text_columns",
     "text_strings",
@@ -237,6 +239,48 @@ def frame_tuples(buffer: WireBuffer, starts: Int64s, limits: Int64s, width: int)
             return None
         columns.append(ColumnView(buffer, kinds, value_starts, lengths))
     return Framing(tuple(columns), pos)
+
+
+def first_unreadable_row(rows: pa.Array) -> tuple[int, str] | None:
+    """The index of the first of ``rows`` (a binary array of TupleData, nulls skipped) that
+    ``decode_tuple_data`` cannot read, and why; None when every row is readable.
+
+    The change log writer's check before it persists rows a decoder did not walk
+    (``lazy_rows="unchecked"``). All rows are checked at once with numpy (framing, nothing
+    after the row, UTF-8 text), grouped by column count; only a group that fails is read row
+    by row, to find the culprit and its reason."""
+    count = len(rows)
+    if rows.null_count == count:
+        return None
+    _, offset_buffer, data_buffer = rows.buffers()
+    bounds = np.frombuffer(offset_buffer, np.int32, count + 1, rows.offset * 4).astype(np.int64)
+    base = int(bounds[0])
+    bounds -= base
+    size = int(bounds[-1])
+    data = data_buffer.slice(base, size).to_pybytes() if size else b""
+    buffer = WireBuffer(data)
+    valid = np.asarray(rows.is_valid(), dtype=bool)
+    starts, limits = bounds[:-1], bounds[1:]
+    sized = valid & (limits - starts >= 2)
+    suspects = [np.flatnonzero(valid & ~sized)]
+    widths = np.where(sized, buffer.view(">u2")[np.minimum(starts, size)], -1)
+    # All bytes ASCII (short values, no accents): all text is UTF-8, no need to look closer.
+    ascii = not size or int(buffer.u8[:size].max()) < 0x80
+    for width in np.unique(widths[sized]).tolist():
+        group = np.flatnonzero(widths == width)
+        framing = frame_tuples(buffer, starts[group], limits[group], width)
+        if (
+            framing is None
+            or not np.array_equal(framing.ends, limits[group])
+            or (not ascii and text_columns(framing) is None)
+        ):
+            suspects.append(group)  # Arrow's UTF-8 is stricter (no surrogates): ask per row
+    for index in np.sort(np.concatenate(suspects)).tolist():
+        try:
+            decode_tuple_data(data[starts[index] : limits[index]])
+        except DecodeError as exc:
+            return index, str(exc)
+    return None
 
 
 # --- typed columns -----------------------------------------------------------------------------

@@ -62,6 +62,8 @@ MAX_PROTO_VERSION = 4
 """The newest pgoutput protocol this decoder reads."""
 
 Streaming = Literal["off", "on", "parallel"]
+# Rows as tuples (False), as checked EncodedRows (True), or Inserts' rows unchecked.
+LazyRows = bool | Literal["unchecked"]
 
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -308,6 +310,7 @@ class PgOutputDecoder:
         "_dispatch",
         "_relations",
         "_state",
+        "_unchecked_inserts",
         "lazy_rows",
         "proto_version",
         "streaming",
@@ -319,7 +322,7 @@ class PgOutputDecoder:
         *,
         proto_version: int = 1,
         streaming: Streaming | None = None,
-        lazy_rows: bool = False,
+        lazy_rows: LazyRows = False,
     ) -> None:
         """``streaming`` is the option the stream was started with; it only matters for Stream
         Abort, which carries the abort LSN and time exactly when it is 'parallel'. None accepts
@@ -328,7 +331,17 @@ class PgOutputDecoder:
         ``lazy_rows`` makes rows ``EncodedRow``s: the framing is validated (and the text
         checked to be UTF-8) but no value object is made, which is what the receiver needs to
         log rows as they came. Off by default: tuples are cheaper for code that reads every
-        value anyway."""
+        value anyway. ``"unchecked"`` is lazier still, for the receiver's hot path: an
+        Insert's row (the rest of its message) is not walked, only its column count checked.
+        Such a row is checked when it is decoded, and the change log writer checks many at once
+        (``columnar.first_unreadable_row``) before it persists them. That check reads text as
+        ``EncodedRow`` does (UTF-8, lone surrogates allowed), so such rows may hold encoded
+        surrogates that this decoder's own check would refuse (a UTF8 server never sends
+        them)."""
+        if lazy_rows not in (False, True, "unchecked"):
+            raise ConfigurationError(
+                f"lazy_rows={lazy_rows!r} is not valid: use False, True or 'unchecked'"
+            )
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise UnsupportedFeature(
                 f"pgoutput proto_version {proto_version} is not supported: this decoder reads "
@@ -341,6 +354,7 @@ class PgOutputDecoder:
         self.proto_version = proto_version
         self.streaming = streaming
         self.lazy_rows = lazy_rows
+        self._unchecked_inserts = lazy_rows == "unchecked"
         self._state = state if state is not None else DecoderState()
         self._relations = self._state.relations
         handlers: dict[int, Callable[[bytes, LSN], Event]] = {
@@ -368,7 +382,11 @@ class PgOutputDecoder:
 
     @classmethod
     def for_options(
-        cls, options: PgOutputOptions, state: DecoderState | None = None, *, lazy_rows: bool = False
+        cls,
+        options: PgOutputOptions,
+        state: DecoderState | None = None,
+        *,
+        lazy_rows: LazyRows = False,
     ) -> PgOutputDecoder:
         """The decoder for a stream started with ``options``."""
         return cls(
@@ -550,7 +568,15 @@ class PgOutputDecoder:
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
-        if self.lazy_rows:
+        if self._unchecked_inserts:
+            pos += 5
+            if _U16(buf, pos)[0] != len(table.columns):
+                raise _width_error(_U16(buf, pos)[0], table)
+            row: Row = _new_object(EncodedRow)
+            _encoded_data(row, buf[pos:])
+            _encoded_values(row, None)
+            pos = len(buf)
+        elif self.lazy_rows:
             row, pos = _scan_tuple(buf, pos + 5, table)
         else:
             if _U16(buf, pos + 5)[0] != len(table.columns):
@@ -720,7 +746,10 @@ class PgOutputDecoder:
 
 
 def _restore(
-    state: DecoderState, proto_version: int, streaming: Streaming | None, lazy_rows: bool = False
+    state: DecoderState,
+    proto_version: int,
+    streaming: Streaming | None,
+    lazy_rows: LazyRows = False,
 ) -> PgOutputDecoder:
     return PgOutputDecoder(
         state, proto_version=proto_version, streaming=streaming, lazy_rows=lazy_rows

@@ -5,6 +5,9 @@ The receiver needs three things of any destination, and nothing more: append a t
 restart), make everything appended durable, and say how far it already got, so that the slot
 is confirmed only up to what is safely stored and a restart resumes right after it.
 ``pgcdc.changelog.ChangeLogWriter`` is one.
+
+A sink may also say ``checks_rows = True``: it checks every ``EncodedRow`` before it keeps
+it, so the receiver may hand it Inserts whose rows the decoder did not walk (the faster path).
 """
 
 from __future__ import annotations

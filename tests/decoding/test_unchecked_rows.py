@@ -1,0 +1,188 @@
+"""``lazy_rows="unchecked"`` and ``first_unreadable_row``: the receiver's decoder skips walking
+Inserts' rows, and the change log writer checks many rows at once before it persists them.
+Together they refuse what the checked decoder refuses (byte fixtures, garbled payloads,
+generated rows), and the writer refuses a bad row with a typed error that names it."""
+
+from __future__ import annotations
+
+import struct
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.columnar import first_unreadable_row
+from pgcdc.decoding.pgoutput import PgOutputDecoder, Streaming
+from pgcdc.decoding.state import DecoderState
+from pgcdc.errors import ConfigurationError, DecodeError
+from pgcdc.events import EncodedRow, Event, Insert, RawValue, Relation, decode_tuple_data
+from pgcdc.lsn import LSN
+from pgcdc.transactions import CommittedTransaction
+from tests.decoding.test_fast_paths import TABLE_OID, encode_tuple, relation, rows
+from tests.decoding.test_pgoutput_fuzz import CASES, mutate, mutation
+
+AT = LSN(0x16_0000_0000)
+
+
+def _decoder(proto: int, state: DecoderState, lazy_rows: Any) -> PgOutputDecoder:
+    streaming: Streaming | None = "parallel" if proto == 4 else None
+    return PgOutputDecoder(
+        state.copy(), proto_version=proto, streaming=streaming, lazy_rows=lazy_rows
+    )
+
+
+def _checked_later(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | type[DecodeError]:
+    """Decode, then check the rows as the change log writer does."""
+    try:
+        events = decoder.decode(payload, AT)
+    except DecodeError:
+        return DecodeError
+    rows = [e.new.data for e in events if isinstance(e, Insert) and type(e.new) is EncodedRow]
+    if first_unreadable_row(pa.array(rows, pa.binary())) is not None:
+        return DecodeError
+    return events
+
+
+def _eager(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | type[DecodeError]:
+    try:
+        return decoder.decode(payload, AT)
+    except DecodeError:
+        return DecodeError
+
+
+def _has_encoded_surrogate(payload: bytes) -> bool:
+    # UTF-8 of U+D800..U+DFFF: ED A0..BF xx. EncodedRow reads them (surrogatepass); the
+    # checked decoder refuses them. A UTF8 server never sends them.
+    return any(
+        payload[i] == 0xED and 0xA0 <= payload[i + 1] <= 0xBF for i in range(len(payload) - 1)
+    )
+
+
+def test_fixtures_decode_unchecked_to_the_same_events() -> None:
+    inserts = 0
+    for proto, state, payload in CASES:
+        expected = _eager(_decoder(proto, state, False), payload)
+        got = _checked_later(_decoder(proto, state, "unchecked"), payload)
+        assert got == expected
+        if isinstance(got, list):
+            inserts += sum(isinstance(e, Insert) for e in got)
+    assert inserts > 5
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(CASES), steps=st.lists(mutation, min_size=1, max_size=4))
+def test_garbled_payloads_are_refused_unchecked_exactly_when_checked(
+    case: tuple[int, DecoderState, bytes], steps: list[tuple[str, int, int]]
+) -> None:
+    proto, state, payload = case
+    garbled = mutate(payload, steps)
+    expected = _eager(_decoder(proto, state, False), garbled)
+    got = _checked_later(_decoder(proto, state, "unchecked"), garbled)
+    if got != expected:
+        assert expected is DecodeError and _has_encoded_surrogate(garbled)
+
+
+def test_an_unchecked_insert_is_not_walked_but_its_width_is_checked() -> None:
+    decoder = PgOutputDecoder(lazy_rows="unchecked")
+    decoder.decode(relation(2), AT)
+    head = b"I" + struct.pack("!I", TABLE_OID) + b"N"
+    with pytest.raises(DecodeError, match="has 3 columns but the Relation"):
+        decoder.decode_one(head + encode_tuple(("1", "2", "3")), AT)
+    bad = head + b"\x00\x02t\x00\x00\x00\x09x"  # a value running past the end
+    event = decoder.decode_one(bad, AT)
+    assert isinstance(event, Insert) and type(event.new) is EncodedRow
+    with pytest.raises(DecodeError, match="ends inside a column"):
+        event.new.values  # noqa: B018 - reading it checks it
+
+
+def test_lazy_rows_must_be_a_known_mode() -> None:
+    with pytest.raises(ConfigurationError, match="use False, True or 'unchecked'"):
+        PgOutputDecoder(lazy_rows="sometimes")  # type: ignore[arg-type]
+
+
+def _garble(data: bytes, draw: st.DrawFn) -> bytes:
+    buf = bytearray(data)
+    if buf and draw(st.booleans()):
+        del buf[draw(st.integers(0, len(buf) - 1)) :]
+    for _ in range(draw(st.integers(0, 2))):
+        if buf:
+            buf[draw(st.integers(0, len(buf) - 1))] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        buf += b"x"
+    return bytes(buf)
+
+
+@st.composite
+def row_batches(draw: st.DrawFn) -> list[bytes | None]:
+    batch: list[bytes | None] = []
+    for row in draw(st.lists(rows, max_size=12)):
+        data = encode_tuple(row)
+        choice = draw(st.integers(0, 5))
+        batch.append(None if choice == 0 else _garble(data, draw) if choice == 1 else data)
+    return batch
+
+
+def _first_bad(batch: list[bytes | None]) -> int | None:
+    for index, data in enumerate(batch):
+        if data is None:
+            continue
+        try:
+            decode_tuple_data(data)
+        except DecodeError:
+            return index
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(row_batches(), st.integers(0, 3))
+def test_first_unreadable_row_is_the_first_row_decoding_refuses(
+    batch: list[bytes | None], skip: int
+) -> None:
+    array = pa.array([b"pad"] * skip + batch, pa.binary()).slice(skip)
+    found = first_unreadable_row(array)
+    expected = _first_bad(batch)
+    assert (found and found[0]) == expected
+    if found is not None:
+        with pytest.raises(DecodeError) as error:
+            decode_tuple_data(batch[found[0]] or b"")
+        assert found[1] == str(error.value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(rows, min_size=1, max_size=30))
+def test_readable_rows_pass_in_one_go(batch: list[tuple[RawValue, ...]]) -> None:
+    assert first_unreadable_row(pa.array([encode_tuple(r) for r in batch], pa.binary())) is None
+
+
+def test_the_change_log_refuses_an_unreadable_row_and_logs_nothing_of_its_batch(
+    tmp_path: Path,
+) -> None:
+    decoder = PgOutputDecoder(lazy_rows="unchecked")
+    defined = decoder.decode_one(relation(2), AT)
+    assert isinstance(defined, Relation)
+    table = defined.table
+    head = b"I" + struct.pack("!I", TABLE_OID) + b"N"
+    good = decoder.decode_one(head + encode_tuple(("1", "é")), LSN(AT + 1))
+    bad = decoder.decode_one(head + b"\x00\x02t\x00\x00\x00\x01\xffn", LSN(AT + 2))
+
+    def txn(commit: int, *events: Event) -> CommittedTransaction:
+        return CommittedTransaction(
+            7, LSN(AT + commit), LSN(AT + commit + 8), datetime(2026, 1, 1, tzinfo=UTC), events
+        )
+
+    log = ChangeLog(tmp_path)
+    with log.writer() as writer:
+        assert writer.append(txn(0x10, good)) and writer.append(txn(0x20, good, bad))
+        with pytest.raises(DecodeError) as error:
+            writer.flush()
+        message = str(error.value)
+        assert f"LSN {LSN(AT + 2)}" in message and f"{table.qualified_name}" in message
+        assert "invalid UTF-8" in message or "utf-8" in message.lower()
+        with pytest.raises(DecodeError):
+            writer.close()
+    assert list(log.read_transactions()) == []
