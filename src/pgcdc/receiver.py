@@ -415,8 +415,10 @@ class Receiver:
                     size = len(payload)
                     self._bytes += size
                     # The decoder reads the stream's buffer and copies only what it keeps.
-                    for txn in feed(decode_one(payload, lsn), size):
-                        store(txn)
+                    completed = feed(decode_one(payload, lsn), size)
+                    if completed:
+                        for txn in completed:
+                            store(txn)
                     if end_lsn is not None and lsn >= end_lsn:
                         return "end_lsn"
                 else:

@@ -27,8 +27,10 @@ HOT_STANDBY_FEEDBACK = 0x68  # 'h'
 # payload is already beyond what one logical change can produce, so anything larger is corrupt.
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 
-_XLOG_HEADER = struct.Struct(">QQq")  # data_start, wal_end, send_time; after the 'w' byte
-_XLOG_HEADER_SIZE = 1 + _XLOG_HEADER.size
+# XLogData's header after its 'w' byte: data_start, wal_end, send_time (read inline by
+# ReplicationStream.poll_many, the hot path).
+XLOG_HEADER = struct.Struct(">QQq")
+XLOG_HEADER_SIZE = 1 + XLOG_HEADER.size
 _KEEPALIVE = struct.Struct(">QqB")  # wal_end, send_time, reply_requested
 _KEEPALIVE_SIZE = 1 + _KEEPALIVE.size
 _STATUS_UPDATE = struct.Struct(">cQQQqB")
@@ -47,8 +49,9 @@ def to_pg_timestamp(moment: datetime) -> int:
     return (moment - PG_EPOCH) // _ONE_MICROSECOND
 
 
-_MIN_TIMESTAMP = (datetime.min.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
-_MAX_TIMESTAMP = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
+# The send times a datetime can hold (microseconds since 2000-01-01).
+MIN_SEND_TIME = (datetime.min.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
+MAX_SEND_TIME = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
 
 
 def from_pg_timestamp(microseconds: int) -> datetime:
@@ -167,18 +170,18 @@ def parse_xlog_data(buf: bytes | memoryview) -> XLogData:
     ``parse_copy_data`` does the other checks). ``payload`` is a view of ``buf`` past the
     header when ``buf`` is a memoryview."""
     try:
-        start, end, sent = _XLOG_HEADER.unpack_from(buf, 1)
+        start, end, sent = XLOG_HEADER.unpack_from(buf, 1)
     except struct.error:
         raise ProtocolError(
-            f"truncated XLogData: {len(buf)} bytes, the header alone needs {_XLOG_HEADER_SIZE}"
+            f"truncated XLogData: {len(buf)} bytes, the header alone needs {XLOG_HEADER_SIZE}"
         ) from None
-    if not _MIN_TIMESTAMP <= sent <= _MAX_TIMESTAMP:
+    if not MIN_SEND_TIME <= sent <= MAX_SEND_TIME:
         from_pg_timestamp(sent)  # raises the ProtocolError that explains it
     message = _new_object(XLogData)
     message.data_start = _new_int(LSN, start)
     message._wal_end = end  # made an LSN when read: rarely, and not per message
     message._sent = sent
-    message.payload = buf[_XLOG_HEADER_SIZE:]
+    message.payload = buf[XLOG_HEADER_SIZE:]
     return message
 
 

@@ -35,6 +35,10 @@ from pgcdc.connection.commands import (
 )
 from pgcdc.connection.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
+    MAX_SEND_TIME,
+    MIN_SEND_TIME,
+    XLOG_HEADER,
+    XLOG_HEADER_SIZE,
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
@@ -313,6 +317,7 @@ class _StreamCore:
             self.send_status()
         get_copy_data = self.pgconn.get_copy_data
         append = messages.append
+        unpack_header, new_message, new_lsn = XLOG_HEADER.unpack_from, object.__new__, int.__new__
         max_size = self.max_message_size
         read_socket = True
         taken = 0
@@ -330,8 +335,18 @@ class _StreamCore:
                         continue
                     break
                 taken += 1
-                if data[0] == _XLOG_DATA and size <= max_size:
-                    append(parse_xlog_data(data))
+                if data[0] == _XLOG_DATA and XLOG_HEADER_SIZE <= size <= max_size:
+                    # parse_xlog_data inlined: the header is there, one unpack reads it.
+                    start, wal_end, sent = unpack_header(data, 1)
+                    if not MIN_SEND_TIME <= sent <= MAX_SEND_TIME:
+                        append(parse_xlog_data(data))  # raises the error that explains it
+                        continue
+                    xlog: XLogData = new_message(XLogData)
+                    xlog.data_start = new_lsn(LSN, start)
+                    xlog._wal_end = wal_end
+                    xlog._sent = sent
+                    xlog.payload = data[XLOG_HEADER_SIZE:]
+                    append(xlog)
                     continue
                 message = parse_copy_data(data, max_size)
                 if type(message) is PrimaryKeepalive:
