@@ -222,3 +222,8 @@ class InvalidRowValue(PgcdcError, TypeError):
 class SnapshotError(PgcdcError):
     """The initial snapshot could not be taken or stored; the slot it created was dropped, so
     it can be retried as it stands once the cause is fixed."""
+
+
+class ReceiverProcessError(PgcdcError):
+    """The pipeline's receiver process died, or failed with an error that could not be sent
+    back as itself (the message names the original type)."""

@@ -1,5 +1,5 @@
 """``pgcdc pipeline run``: configuration (a TOML file, flags on top) and orchestration of the
-receiver (slot -> change log, in a thread) and the Spark query (change log -> Delta).
+receiver (slot -> change log, in a spawned process) and the Spark query (change log -> Delta).
 
 Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipeline.md)::
 
@@ -43,6 +43,7 @@ from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.sql import get_slot
 from pgcdc.errors import InvalidOption, PgcdcError
 from pgcdc.lsn import LSN
+from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
 from pgcdc.sinks import SinkKind
 from pgcdc.snapshot import SnapshotResult, take_snapshot
@@ -211,21 +212,6 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
     return result
 
 
-class _Thread(threading.Thread):
-    """A thread that keeps the exception its target raised, for the main thread to re-raise."""
-
-    def __init__(self, target: Callable[[], Any], name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._work = target
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._work()
-        except BaseException as exc:  # handed to the main thread
-            self.error = exc
-
-
 @contextlib.contextmanager
 def _session(settings: Settings) -> Iterator[Any]:
     spark = spark_session(settings.master, "pgcdc-pipeline", **dict(settings.spark_conf))
@@ -251,7 +237,8 @@ def run(
         if spark is None:
             spark = stack.enter_context(_session(settings))
         end_lsn = current_wal_lsn(settings.conninfo) if once else None
-        receiver = _Thread(lambda: receive(settings, end_lsn, stop), "pgcdc-receiver")
+        # A process of its own: in a thread the receiver shared the GIL with foreachBatch.
+        receiver = ReceiverProcess(settings, end_lsn)
         receiver.start()
         # Spark starts and writes while the receiver is still logging: with --once too, so
         # the query's start-up and first batches overlap the receiving.
@@ -276,6 +263,7 @@ def run(
                     stop.wait(tick_seconds)
         finally:
             stop.set()
+            receiver.stop()
             query.stop()
             receiver.join()
         if receiver.error is not None:

@@ -1,0 +1,197 @@
+"""``pipeline.run`` with its receiver in a child process, on PG15 and PG18: the child's errors
+reach the caller as their own type, a stop (event or Ctrl-C) flushes and confirms, and a
+killed driver does not leave its receiver behind holding the slot."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc import pipeline
+from pgcdc.changelog import ChangeLog
+from pgcdc.errors import ReceiverProcessError, SlotInUse, SlotNotFound
+from pgcdc.lsn import LSN
+from pgcdc.pipeline.process import _portable
+from pgcdc.sinks import SinkKind, read_table
+from pgcdc.spark.pipeline import spark_session
+from tests.conftest import Database
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]", "pgcdc-tests")
+    yield session
+    session.stop()
+
+
+def _settings(db: Database, tmp_path: Path, **changes: Any) -> pipeline.Settings:
+    settings = pipeline.Settings(
+        conninfo=db.conninfo(),
+        slot="proc",
+        publications=("pub",),
+        snapshot="never",
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        kinds=(SinkKind.CHANGELOG, SinkKind.MIRROR),
+        master="local[2]",
+        trigger_interval=0.5,
+    )
+    return pipeline.with_overrides(settings, **changes)
+
+
+def _source(db: Database) -> None:
+    db.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    db.execute("CREATE PUBLICATION pub FOR TABLE items")
+
+
+def _mirror_ids(tmp_path: Path) -> set[int]:
+    mirror = tmp_path / "lake" / "public" / "items" / "mirror"
+    if not (mirror / "_delta_log").exists():
+        return set()
+    return set(read_table(mirror).column("id").to_pylist())
+
+
+def _wait(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.2)
+
+
+_SLOT = "FROM pg_replication_slots WHERE slot_name = 'proc' AND database = current_database()"
+
+
+def _confirmed(db: Database) -> LSN:
+    return LSN.parse(db.scalar(f"SELECT confirmed_flush_lsn::text {_SLOT}"))
+
+
+def _slot_active(db: Database) -> bool:
+    return bool(db.scalar(f"SELECT bool_or(active) {_SLOT}"))
+
+
+def _lsn(db: Database) -> LSN:
+    return LSN.parse(db.scalar("SELECT pg_current_wal_lsn()::text"))
+
+
+def test_portable_errors_keep_their_type_and_fields() -> None:
+    error = SlotInUse("slot s is active for PID 7", slot="s", active_pid=7)
+    rebuild, args = pickle.loads(pickle.dumps(_portable(error)))
+    copy = rebuild(*args)
+    assert type(copy) is SlotInUse
+    assert (str(copy), copy.slot, copy.active_pid) == (str(error), "s", 7)
+
+    class Local(Exception):  # not importable by name: cannot be sent as itself
+        pass
+
+    rebuild, args = pickle.loads(pickle.dumps(_portable(Local("boom"))))
+    copy = rebuild(*args)
+    assert isinstance(copy, ReceiverProcessError) and "Local: boom" in str(copy)
+
+
+def test_a_receiver_error_reaches_the_caller_as_its_own_type(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    _source(db)
+    settings = _settings(db, tmp_path, create_slot=False)
+    with pytest.raises(SlotNotFound) as caught:
+        pipeline.run(settings, once=True, spark=spark)
+    assert any("receiver process" in note for note in caught.value.__notes__)
+
+
+def test_the_stop_event_flushes_confirms_and_ends_the_receiver(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    _source(db)
+    settings = _settings(db, tmp_path)
+    db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=target)
+    runner.start()
+    try:
+        db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 500) g")
+        _wait(lambda: len(_mirror_ids(tmp_path)) == 500, 120, "the mirror")
+        before = _lsn(db)
+        db.execute("INSERT INTO items VALUES (501, 'last')")
+        _wait(lambda: _confirmed(db) > before, 60, "the receiver to confirm the last insert")
+    finally:
+        stop.set()
+        runner.join(120)
+    assert not runner.is_alive() and errors == []
+    assert not _slot_active(db)
+    # What the slot confirmed is in the log: the receiver flushed before it confirmed.
+    with ChangeLog(settings.changelog).writer() as writer:  # its lock is free again too
+        assert writer.last_commit_lsn > before
+
+
+def _cli(tmp_path: Path, db: Database, *extra: str) -> subprocess.Popen[bytes]:
+    output = (tmp_path / "cli.log").open("ab")
+    command = [
+        sys.executable, "-m", "pgcdc.cli.main", "pipeline", "run",
+        "-d", db.conninfo(), "--slot", "proc", "-P", "pub", "--snapshot", "never",
+        "--changelog", str(tmp_path / "log"), "--lake", str(tmp_path / "lake"),
+        "--checkpoint", str(tmp_path / "checkpoint"), "--kinds", "changelog,mirror",
+        "--master", "local[2]", "--trigger-interval", "0.5", *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) -> None:
+    _source(db)
+    db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
+    db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g")
+    child = _cli(tmp_path, db)
+    try:
+        _wait(lambda: len(_mirror_ids(tmp_path)) == 300, 180, "the mirror")
+        # A terminal's Ctrl-C: SIGINT to the whole process group, the receiver included.
+        os.killpg(child.pid, signal.SIGINT)
+        code = child.wait(120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    # 130: pyspark's SparkContext puts its own SIGINT handler (cancel jobs, KeyboardInterrupt)
+    # over the CLI's; run() stops both parts on the way out either way.
+    assert code in (0, 130), (tmp_path / "cli.log").read_text()[-3000:]
+    assert "Traceback" not in (tmp_path / "cli.log").read_text()
+    assert not _slot_active(db)
+    with ChangeLog(tmp_path / "log").writer() as writer:  # no receiver holds the log
+        assert writer.last_commit_lsn > 0
+
+
+def test_a_killed_driver_leaves_no_receiver_behind(db: Database, tmp_path: Path) -> None:
+    _source(db)
+    child = _cli(tmp_path, db)
+    try:
+        _wait(lambda: _slot_active(db), 120, "the receiver to stream")
+        os.kill(child.pid, signal.SIGKILL)  # the driver only, not its process group
+        child.wait()
+        # The receiver sees its parent gone, lets go of the slot and of the change log.
+        _wait(lambda: not _slot_active(db), 30, "the orphaned receiver to exit")
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+    db.execute("INSERT INTO items VALUES (1, 'after')")
+    finisher = _cli(tmp_path, db, "--once")
+    assert finisher.wait(180) == 0, (tmp_path / "cli.log").read_text()[-3000:]
+    assert _mirror_ids(tmp_path) == {1}
