@@ -31,9 +31,10 @@ before it are idempotent, so a crash between them and the data commit is harmles
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import warnings
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -578,7 +579,31 @@ def write_table(
     ``version`` must grow from batch to batch of the same ``app_id``; a version at or below the
     one the table recorded is a replay and is skipped.
     """
-    path = str(path)
+    return _write_table(
+        str(path),
+        spec,
+        lambda: prepare(spec, changes),
+        changes.num_rows,
+        kind,
+        app_id=app_id,
+        version=version,
+        storage_options=storage_options,
+    )
+
+
+def _write_table(
+    path: str,
+    spec: c.TableSpec,
+    prepared: Callable[[], tuple[c.TableSpec, pa.Table]],
+    rows: int,
+    kind: SinkKind,
+    *,
+    app_id: str,
+    version: int,
+    storage_options: dict[str, str] | None,
+) -> WriteResult:
+    """``write_table`` with the batch prepared on demand (a replay or an empty batch never
+    needs it; the kinds of one table share it)."""
     if kind is not SinkKind.CHANGELOG and not spec.has_usable_key:
         raise InvalidChangeBatch(
             f"{spec.qualified_name} has no usable replica identity, so it cannot have a "
@@ -590,11 +615,11 @@ def write_table(
         done = existing.transaction_version(app_id)
         if done is not None and done >= version:
             return WriteResult(spec.qualified_name, kind, path, False, 0)
-    if changes.num_rows == 0:
+    if rows == 0:
         return WriteResult(spec.qualified_name, kind, path, False, 0)
-    dspec, prepared = prepare(spec, changes)
-    _WRITERS[kind](path, dspec, prepared, _commit(app_id, version), storage_options)
-    return WriteResult(spec.qualified_name, kind, path, True, prepared.num_rows)
+    dspec, batch = prepared()
+    _WRITERS[kind](path, dspec, batch, _commit(app_id, version), storage_options)
+    return WriteResult(spec.qualified_name, kind, path, True, batch.num_rows)
 
 
 class DeltaSink:
@@ -657,12 +682,15 @@ class DeltaSink:
             )
         results = []
         for spec, changes in batches:
+            # Validated, converted and sorted once for all of the table's kinds.
+            prepared = functools.cache(functools.partial(prepare, spec, changes))
             for kind in self.kinds_for(spec):
                 results.append(
-                    write_table(
+                    _write_table(
                         self.path(spec, kind),
                         spec,
-                        changes,
+                        prepared,
+                        changes.num_rows,
                         kind,
                         app_id=self.app_id,
                         version=version,
