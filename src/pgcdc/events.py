@@ -134,8 +134,8 @@ class EncodedRow(Sequence[RawValue]):
     It behaves as the tuple of its raw values (length, indexing, iteration, equality with
     tuples and other rows, hash, repr) and pickles as its bytes. ``len`` reads the column count
     without decoding. Decoding checks the bytes (a malformed row raises ``DecodeError``); the
-    pgoutput decoder checks them before it makes one, except an Insert's with
-    ``lazy_rows="unchecked"``, whose rows the change log writer checks before it keeps them.
+    pgoutput decoder checks them before it makes one, except with ``lazy_rows="unchecked"``,
+    whose rows the change log writer checks before it keeps them.
     """
 
     __slots__ = ("_data", "_values")

@@ -300,7 +300,7 @@ class Receiver:
             )
             plugin_options = {**pg.for_server(version), **options.plugin_options}
             # Lazy rows: the change log stores rows as the wire bytes, never decoded here; it
-            # checks Inserts' rows itself, many at once, so the decoder need not walk them.
+            # checks them itself, many at once, so the decoder need not walk them.
             lazy: LazyRows = "unchecked" if getattr(self.sink, "checks_rows", False) else True
             return plugin_options, PgOutputDecoder.for_options(pg, lazy_rows=lazy)
         plugin_options = {"include-xids": "1", "include-timestamp": "1"}

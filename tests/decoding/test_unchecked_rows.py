@@ -1,7 +1,8 @@
 """``lazy_rows="unchecked"`` and ``first_unreadable_row``: the receiver's decoder skips walking
-Inserts' rows, and the change log writer checks many rows at once before it persists them.
-Together they refuse what the checked decoder refuses (byte fixtures, garbled payloads,
-generated rows), and the writer refuses a bad row with a typed error that names it."""
+the rows that end a message (Insert, Delete, an Update's new row), and the change log writer
+checks many rows at once before it persists them. Together they refuse what the checked decoder
+refuses (byte fixtures, garbled payloads, generated rows), and the writer refuses a bad row with
+a typed error that names it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,16 @@ from pgcdc.decoding.columnar import first_unreadable_row
 from pgcdc.decoding.pgoutput import PgOutputDecoder, Streaming
 from pgcdc.decoding.state import DecoderState
 from pgcdc.errors import ConfigurationError, DecodeError
-from pgcdc.events import EncodedRow, Event, Insert, RawValue, Relation, decode_tuple_data
+from pgcdc.events import (
+    Delete,
+    EncodedRow,
+    Event,
+    Insert,
+    RawValue,
+    Relation,
+    Update,
+    decode_tuple_data,
+)
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
 from tests.decoding.test_fast_paths import TABLE_OID, encode_tuple, relation, rows
@@ -42,7 +52,16 @@ def _checked_later(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | ty
         events = decoder.decode(payload, AT)
     except DecodeError:
         return DecodeError
-    rows = [e.new.data for e in events if isinstance(e, Insert) and type(e.new) is EncodedRow]
+    rows = [
+        row.data
+        for event in events
+        if isinstance(event, Insert | Update | Delete)
+        for row in (
+            getattr(event, "new", None),
+            event.old if not isinstance(event, Insert) else None,
+        )
+        if type(row) is EncodedRow
+    ]
     if first_unreadable_row(pa.array(rows, pa.binary())) is not None:
         return DecodeError
     return events
@@ -64,14 +83,14 @@ def _has_encoded_surrogate(payload: bytes) -> bool:
 
 
 def test_fixtures_decode_unchecked_to_the_same_events() -> None:
-    inserts = 0
+    changes = 0
     for proto, state, payload in CASES:
         expected = _eager(_decoder(proto, state, False), payload)
         got = _checked_later(_decoder(proto, state, "unchecked"), payload)
         assert got == expected
         if isinstance(got, list):
-            inserts += sum(isinstance(e, Insert) for e in got)
-    assert inserts > 5
+            changes += sum(isinstance(e, Insert | Update | Delete) for e in got)
+    assert changes > 10
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

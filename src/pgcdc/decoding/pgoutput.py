@@ -62,7 +62,7 @@ MAX_PROTO_VERSION = 4
 """The newest pgoutput protocol this decoder reads."""
 
 Streaming = Literal["off", "on", "parallel"]
-# Rows as tuples (False), as checked EncodedRows (True), or Inserts' rows unchecked.
+# Rows as tuples (False), as checked EncodedRows (True), or rows that end a message unchecked.
 LazyRows = bool | Literal["unchecked"]
 
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -310,7 +310,7 @@ class PgOutputDecoder:
         "_dispatch",
         "_relations",
         "_state",
-        "_unchecked_inserts",
+        "_unchecked_rows",
         "lazy_rows",
         "proto_version",
         "streaming",
@@ -331,8 +331,9 @@ class PgOutputDecoder:
         ``lazy_rows`` makes rows ``EncodedRow``s: the framing is validated (and the text
         checked to be UTF-8) but no value object is made, which is what the receiver needs to
         log rows as they came. Off by default: tuples are cheaper for code that reads every
-        value anyway. ``"unchecked"`` is lazier still, for the receiver's hot path: an
-        Insert's row (the rest of its message) is not walked, only its column count checked.
+        value anyway. ``"unchecked"`` is lazier still, for the receiver's hot path: a row that
+        ends its message (an Insert's, a Delete's, an Update's new row) is not walked, only its
+        column count checked.
         Such a row is checked when it is decoded, and the change log writer checks many at once
         (``columnar.first_unreadable_row``) before it persists them. That check reads text as
         ``EncodedRow`` does (UTF-8, lone surrogates allowed), so such rows may hold encoded
@@ -354,7 +355,7 @@ class PgOutputDecoder:
         self.proto_version = proto_version
         self.streaming = streaming
         self.lazy_rows = lazy_rows
-        self._unchecked_inserts = lazy_rows == "unchecked"
+        self._unchecked_rows = lazy_rows == "unchecked"
         self._state = state if state is not None else DecoderState()
         self._relations = self._state.relations
         handlers: dict[int, Callable[[bytes, LSN], Event]] = {
@@ -489,6 +490,21 @@ class PgOutputDecoder:
             raise _width_error(_U16(buf, pos)[0], table)
         return _read_tuple(buf, pos)
 
+    def _last_row(self, buf: bytes, pos: int, table: Table) -> Row:
+        """The tuple at ``pos``, which ends the message: with unchecked rows, just its bytes
+        (the column count checked); otherwise read and checked."""
+        if self._unchecked_rows:
+            (width,) = _U16(buf, pos)
+            if width != len(table.columns):
+                raise _width_error(width, table)
+            row: Row = _new_object(EncodedRow)
+            _encoded_data(row, buf[pos:])
+            _encoded_values(row, None)
+            return row
+        row, pos = self._row(buf, pos, table)
+        self._check_end(buf, pos)
+        return row
+
     # --- transaction boundaries --------------------------------------------------------------
 
     def _begin(self, buf: bytes, lsn: LSN) -> Event:
@@ -568,7 +584,7 @@ class PgOutputDecoder:
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
-        if self._unchecked_inserts:
+        if self._unchecked_rows:
             pos += 5
             if _U16(buf, pos)[0] != len(table.columns):
                 raise _width_error(_U16(buf, pos)[0], table)
@@ -606,8 +622,7 @@ class PgOutputDecoder:
                 raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
         elif kind != _NEW:
             raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
-        new, pos = self._row(buf, pos, table)
-        self._check_end(buf, pos)
+        new = self._last_row(buf, pos, table)
         event = _new_object(Update)
         _update_lsn(event, lsn)
         _update_table(event, table)
@@ -624,8 +639,7 @@ class PgOutputDecoder:
         kind = buf[pos + 4]
         if kind not in (_KEY, _OLD):
             raise DecodeError(f"expected 'K' (old key) or 'O' (old row), got {chr(kind)!r}")
-        old, pos = self._row(buf, pos + 5, table)
-        self._check_end(buf, pos)
+        old = self._last_row(buf, pos + 5, table)
         event = _new_object(Delete)
         _delete_lsn(event, lsn)
         _delete_table(event, table)
