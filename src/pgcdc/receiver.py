@@ -20,6 +20,8 @@ once:
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import re
@@ -76,6 +78,9 @@ STOP_CHECK_SECONDS = 0.2
 # Messages handled between looks at the stop event and the flush clock. Small batches also keep
 # few objects alive at once, which spares the garbage collector (see DEFAULT_BATCH).
 BURST_MESSAGES = 64
+# Collector thresholds while receiving (CPython's default is 700, 10, 10): see
+# _CollectorThresholds.
+GC_THRESHOLDS = (50_000, 20, 20)
 _CONTENT = frozenset((Insert, Update, Delete, Truncate, Message))
 
 
@@ -207,6 +212,41 @@ def session_options(
         f"-c {name}={_escape_option(value)}" for name, value in (settings or {}).items()
     )
     return f"{given} {ours}".strip()
+
+
+class _CollectorThresholds:
+    """Runs the garbage collector less often while receivers run (restored afterwards).
+
+    A transaction's events stay buffered until its commit; with CPython's default thresholds
+    the collector walks them again and again while a large transaction builds up (1.1 us per
+    change at 20k-change transactions, a third of the receiver's work). The receiver's objects
+    form no reference cycles, so reference counting frees them; collecting less often only
+    delays freeing cyclic garbage made elsewhere in the process. Receivers in several threads
+    share the setting: the last one out restores the thresholds it found."""
+
+    def __init__(self, thresholds: tuple[int, int, int]) -> None:
+        self._thresholds = thresholds
+        self._lock = threading.Lock()
+        self._users = 0
+        self._before = gc.get_threshold()
+
+    @contextlib.contextmanager
+    def raised(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._before = gc.get_threshold()
+                gc.set_threshold(*map(max, self._thresholds, self._before))
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    gc.set_threshold(*self._before)
+
+
+_fewer_collections = _CollectorThresholds(GC_THRESHOLDS).raised
 
 
 def _escape_option(value: str) -> str:
@@ -343,7 +383,8 @@ class Receiver:
                 )
                 self._stream = stream
                 try:
-                    stopped_by = self._loop(stream, decoder, assembler, stop)
+                    with _fewer_collections():
+                        stopped_by = self._loop(stream, decoder, assembler, stop)
                 except BaseException:
                     self._flush_quietly()
                     raise

@@ -3,6 +3,7 @@ change log and comes back as the source committed it (pgoutput and test_decoding
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,13 @@ from pgcdc.errors import (
 )
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
-from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, session_options
+from pgcdc.receiver import (
+    GC_THRESHOLDS,
+    Receiver,
+    ReceiverOptions,
+    ReceiverProgress,
+    session_options,
+)
 from pgcdc.transactions import CommittedTransaction
 from tests.conftest import Database
 
@@ -324,3 +331,26 @@ def test_a_slot_held_by_another_client_is_waited_for(db: Database, tmp_path: Pat
 def test_slot_busy_wait_must_not_be_negative(db: Database) -> None:
     with pytest.raises(InvalidOption, match="slot_busy_wait"):
         options(db, "test_decoding", LSN(1), slot_busy_wait=-1)
+
+
+def test_the_collector_runs_less_often_while_receiving_and_as_before_after(db: Database):
+    setup(db, "pgoutput")
+    workload(db)
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    during: list[tuple[int, int, int]] = []
+
+    class ThresholdSink(ListSink):
+        def append(self, txn: CommittedTransaction) -> bool:
+            during.append(gc.get_threshold())
+            return super().append(txn)
+
+    original = gc.get_threshold()
+    gc.set_threshold(900, 11, 12)
+    try:
+        Receiver(options(db, "pgoutput", end), ThresholdSink()).run()
+        after = gc.get_threshold()
+    finally:
+        gc.set_threshold(*original)
+    assert during and set(during) == {tuple(map(max, GC_THRESHOLDS, (900, 11, 12)))}
+    assert after == (900, 11, 12)
