@@ -224,9 +224,14 @@ def _types(text: str) -> dict[int, TypeInfo]:
     return {t.oid: t for t in (type_from_dict(d) for d in json.loads(text))}
 
 
+# Chunks cross Python -> JVM rows -> the driver's Arrow -> Python: zstd (about 3x smaller on
+# typical rows, fast both ways) cuts the bytes Spark copies in ``toArrow`` by as much.
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
 def _ipc(table: pa.Table) -> bytes:
     sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_IPC_OPTIONS) as writer:
         writer.write_table(table)
     return sink.getvalue()
 
