@@ -143,3 +143,21 @@ def test_folds_equal_plan(
         src.commit()
     folded = _fold_equals_plan(src.spec, src.take())
     assert folded or foldable_first
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.randoms(use_true_random=False))
+def test_prepare_orders_any_input(steps: list[list[Step]], random: Any) -> None:
+    """A batch in log order is kept as it is; any other order is sorted to the same table."""
+    src = Source(items_spec())
+    counter = [0]
+    for transaction in steps:
+        _run(src, transaction, counter)
+        src.commit()
+    batch = src.take()
+    _, ordered = prepare(src.spec, batch)
+    order = list(range(batch.num_rows))
+    random.shuffle(order)
+    _, shuffled = prepare(src.spec, batch.take(pa.array(order, pa.int64())))
+    assert shuffled.equals(ordered)
+    assert ordered.column("_lsn").to_pylist() == sorted(ordered.column("_lsn").to_pylist())

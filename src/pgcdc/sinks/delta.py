@@ -100,8 +100,22 @@ def prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table
         else:
             arrays.append(to_delta(array))
     table = pa.Table.from_arrays(arrays, names=normalized.column_names)
+    if _in_order(table):
+        return dspec, table  # what the (stable) sort would return, without copying every column
     order = pc.sort_indices(table, sort_keys=[(c.COMMIT_LSN, "ascending"), (c.SEQ, "ascending")])
     return dspec, table.take(order)
+
+
+def _in_order(table: pa.Table) -> bool:
+    """Whether the rows already ascend by (commit LSN, seq), as a batch read in log order does."""
+    lsn_column, seq_column = table.column(c.COMMIT_LSN), table.column(c.SEQ)
+    if lsn_column.null_count or seq_column.null_count:
+        return False
+    lsn = lsn_column.to_numpy()
+    seq = seq_column.to_numpy()
+    later = lsn[1:] > lsn[:-1]
+    same = lsn[1:] == lsn[:-1]
+    return bool(np.all(later | (same & (seq[1:] >= seq[:-1]))))
 
 
 def changelog_schema(dspec: c.TableSpec) -> pa.Schema:
