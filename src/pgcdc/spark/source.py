@@ -78,8 +78,9 @@ CHUNK_SCHEMA = pa.schema(
         pa.field("chunk", pa.binary(), nullable=False),
     ]
 )
-"""``format=chunks``: one row per run of a table's typed changes (an Arrow IPC stream in the
-sinks' contract), so the driver gets typed data without converting a value itself."""
+"""``format=chunks``: one row per run of a table's typed changes (a zstd-compressed Arrow IPC
+stream in the sinks' contract; ``read_ipc`` reads it), so the driver gets typed data without
+converting a value itself."""
 
 TEXT_MAP = pa.map_(pa.string(), pa.string())
 CHANGES_SCHEMA = pa.schema(
