@@ -3,8 +3,9 @@
 Slots are created at the same position, then a workload commits ``--rows`` rows in
 transactions of ``--txn-rows``. Half the slots are drained by ``pg_recvlogical`` into /dev/null
 (pgoutput, the receiver's options), half by ``pgcdc.receiver.Receiver`` into a change log on
-local disk (decoded, assembled, encoded to Arrow, fsync'd every 10 s). Target (issue 4): 0.9 or better.
-Both also print their CPU time per row, which other work on a shared machine disturbs less.
+local disk (decoded, assembled, encoded to Arrow, fsync'd every 10 s). Target (issue 4): 0.9 or
+better. Both also print their CPU time per row, which other work on a shared machine disturbs
+less.
 
 Each side drains the same WAL ``--repeat`` times from its own slot, alternating, and the best
 run of each is compared (the machine is shared; one burst of other work then spoils one run).
