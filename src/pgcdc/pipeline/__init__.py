@@ -234,12 +234,16 @@ def run(
     until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly."""
     stop = stop or threading.Event()
     with contextlib.ExitStack() as stack:
-        if spark is None:
-            spark = stack.enter_context(_session(settings))
         end_lsn = current_wal_lsn(settings.conninfo) if once else None
         # A process of its own: in a thread the receiver shared the GIL with foreachBatch.
+        # It starts first and logs while the Spark session starts (seconds); if that fails,
+        # the stack stops it.
         receiver = ReceiverProcess(settings, end_lsn)
         receiver.start()
+        stack.callback(receiver.join)
+        stack.callback(receiver.stop)
+        if spark is None:
+            spark = stack.enter_context(_session(settings))
         # Spark starts and writes while the receiver is still logging: with --once too, so
         # the query's start-up and first batches overlap the receiving.
         query = start(spark, settings.pipeline())
