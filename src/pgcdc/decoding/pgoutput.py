@@ -333,8 +333,8 @@ class PgOutputDecoder:
         log rows as they came. Off by default: tuples are cheaper for code that reads every
         value anyway. ``"unchecked"`` is lazier still, for the receiver's hot path: a row that
         ends its message (an Insert's, a Delete's, an Update's new row) is not walked, only its
-        column count checked.
-        Such a row is checked when it is decoded, and the change log writer checks many at once
+        column count checked. Such a row is checked when it is decoded, and the change log
+        writer checks many at once
         (``columnar.first_unreadable_row``) before it persists them. That check reads text as
         ``EncodedRow`` does (UTF-8, lone surrogates allowed), so such rows may hold encoded
         surrogates that this decoder's own check would refuse (a UTF8 server never sends
@@ -573,7 +573,7 @@ class PgOutputDecoder:
     # --- changes -----------------------------------------------------------------------------
 
     def _insert(self, buf: bytes, lsn: LSN) -> Event:
-        # The most frequent message: _stream_xid and _row are inlined here.
+        # The most frequent message: _stream_xid, _row and _last_row are inlined here.
         xid = self._state.stream_xid
         if xid is None:
             pos = 1
