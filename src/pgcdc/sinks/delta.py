@@ -342,16 +342,25 @@ def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
 _ORDER = "__order"
 
 
+def _orders_by_key(dspec: c.TableSpec, changes: pa.Table, how: str) -> pa.Table | None:
+    """Each key the batch touches with its events' change orders aggregated by ``how``
+    (``"max"``: the last, ``"list"``: all); None when the batch needs ``plan``."""
+    events = _key_events(dspec, changes)
+    if events is None:
+        return None
+    keys = list(dspec.key_columns)
+    return events.group_by(keys, use_threads=False).aggregate([(_ORDER, how)])
+
+
 def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Table] | None:
     """The mirror's end state for an ordered batch without TRUNCATE or unchanged TOAST, in
     Arrow: (rows whose values each touched key ends with, keys that end deleted). Last write
     wins per key in (commit LSN, seq) order; a key change deletes the old key. None: the batch
     needs ``plan``."""
-    events = _key_events(dspec, changes)
-    if events is None:
+    last = _orders_by_key(dspec, changes, "max")
+    if last is None:
         return None
     keys = list(dspec.key_columns)
-    last = events.group_by(keys, use_threads=False).aggregate([(_ORDER, "max")])
     final = last.column(f"{_ORDER}_max").to_numpy()
     upsert = (final % 2) == 1
     deleted = last.select(keys).filter(pa.array(~upsert))
@@ -377,11 +386,10 @@ def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
     Arrow: every INSERT or UPDATE opens a version of its key, and the next change touching that
     key (in (commit LSN, seq) order) closes it, as ``plan`` does. None: the batch needs ``plan``.
     """
-    events = _key_events(dspec, changes)
-    if events is None:
+    grouped = _orders_by_key(dspec, changes, "list")
+    if grouped is None:
         return None
     keys = list(dspec.key_columns)
-    grouped = events.group_by(keys, use_threads=False).aggregate([(_ORDER, "list")])
     lists = grouped.column(f"{_ORDER}_list").combine_chunks()
     orders = pc.list_flatten(lists).to_numpy()
     parents = pc.list_parent_indices(lists).to_numpy()
