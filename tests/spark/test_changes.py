@@ -96,6 +96,16 @@ def _txns_with_a_type_and_a_new_column() -> list[CommittedTransaction]:
 Found = list[tuple[str, tuple[int, int], list[dict[str, Any]]]]
 
 
+def _small_frames_log(root: Path) -> ChangeLog:
+    """``_txns_with_a_type_and_a_new_column`` in a log of many small frames."""
+    log = ChangeLog(root)
+    with log.writer(frame_bytes=600) as writer:
+        for txn in _txns_with_a_type_and_a_new_column():
+            writer.append(txn)
+        writer.flush()
+    return log
+
+
 def _reader(root: Path, rows_per_partition: int, low: str) -> PgcdcBatchReader:
     options = {
         "path": str(root),
@@ -124,11 +134,7 @@ def _in_order(found: Found) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_a_segment_split_into_row_ranges_reads_as_the_whole(tmp_path: Path) -> None:
-    log = ChangeLog(tmp_path / "log")
-    with log.writer(frame_bytes=600) as writer:
-        for txn in _txns_with_a_type_and_a_new_column():
-            writer.append(txn)
-        writer.flush()
+    log = _small_frames_log(tmp_path / "log")
     assert len(log.segments()) == 1
     for low in ("0/0", "0/5000", "0/C000"):
         whole_parts, whole = _read_parts(tmp_path / "log", 100_000, low)
@@ -149,11 +155,7 @@ def test_a_segment_split_into_row_ranges_reads_as_the_whole(tmp_path: Path) -> N
 
 
 def test_parts_start_at_the_batch_with_the_types_in_force_there(tmp_path: Path) -> None:
-    log = ChangeLog(tmp_path / "log")
-    with log.writer(frame_bytes=600) as writer:
-        for txn in _txns_with_a_type_and_a_new_column():
-            writer.append(txn)
-        writer.flush()
+    log = _small_frames_log(tmp_path / "log")
     root = tmp_path / "log"
     # One reader planning successive batches (as a stream does) reads each Type row once and
     # gives every batch the parts a fresh reader gives it.
