@@ -17,7 +17,7 @@ from .model import ITEMS_SCHEMA, Source, items_spec
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     session = (

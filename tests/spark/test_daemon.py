@@ -1,16 +1,21 @@
-"""``pgcdc.spark.daemon``: Python workers drop Spark's pyspark/py4j zips from their path only
-when the installed pyspark is the zip's version (so they never run another pyspark than the
-JVM's), and then import pyspark from the installed package."""
+"""``pgcdc.spark.daemon`` and ``pgcdc.spark.local_python``: Python workers, and a local
+session's planning processes, drop Spark's pyspark/py4j zips from their path only when the
+installed pyspark is the zip's version (so they never run another pyspark than the JVM's), and
+then import pyspark from the installed package."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pyspark
+import pytest
 
 from pgcdc.spark.daemon import installed_instead
+from pgcdc.spark.local_python import worker_python, wrapper_script
 from pgcdc.spark.pipeline import spark_session
 
 ZIPS = sorted(str(p) for p in (Path(pyspark.__file__).parent / "python" / "lib").glob("*.zip"))
@@ -44,3 +49,57 @@ def test_workers_of_a_pgcdc_session_import_the_installed_pyspark() -> None:
     finally:
         spark.stop()
     assert files == {pyspark.__file__}
+
+
+def _python_path_through(script: Path, python_path: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if python_path is not None:
+        env["PYTHONPATH"] = python_path
+    shown = subprocess.run(
+        [str(script), "-c", "import os; print(os.environ['PYTHONPATH'], end='')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return shown.stdout
+
+
+def test_the_wrapper_drops_only_the_zips(tmp_path: Path) -> None:
+    zips = ["/spark home/lib/pyspark.zip", "/spark home/lib/py4j-src.zip"]
+    script = tmp_path / "python"
+    script.write_text(wrapper_script(sys.executable, zips))
+    script.chmod(0o700)
+    mixed = ":".join([zips[0], "/a b/c", zips[1], "/d*", "/spark home/lib/other.zip"])
+    assert _python_path_through(script, mixed) == "/a b/c:/d*:/spark home/lib/other.zip"
+    assert _python_path_through(script, ":".join(zips)) == ""
+    assert _python_path_through(script, None) == ""
+
+
+def test_planning_processes_of_a_local_session_import_the_installed_pyspark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.sql.datasource import DataSource
+
+    class WhereIsPyspark(DataSource):
+        """Its schema, built in Spark's data source creation process, names that process's
+        pyspark."""
+
+        @classmethod
+        def name(cls) -> str:
+            return "where_is_pyspark"
+
+        def schema(self) -> str:
+            import pyspark as planner_pyspark
+
+            return f"`{planner_pyspark.__file__}` string"
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    spark = spark_session("local[1]", "pgcdc-local-python-test")
+    try:
+        spark.dataSource.register(WhereIsPyspark)
+        columns = spark.read.format("where_is_pyspark").load().columns
+    finally:
+        spark.stop()
+    assert columns == [pyspark.__file__]
+    assert os.environ["PYSPARK_PYTHON"] == worker_python() != sys.executable

@@ -28,6 +28,7 @@ import pyarrow as pa
 from pgcdc.decoding.state import table_from_dict
 from pgcdc.errors import InvalidOption, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
+from pgcdc.spark.local_python import worker_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
 
 log = logging.getLogger(__name__)
@@ -164,8 +165,11 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     Defaults, each overridden by ``conf``: no UI, two shuffle partitions, Python workers that
     import the installed pyspark rather than compile SPARK_HOME's zip (``pgcdc.spark.daemon``)
     and, for a local master, a driver JVM that compiles only with C1: the C2 compiler spent
-    2-4 s of CPU per run on code that mostly copies bytes, CPU the receiver needs."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    2-4 s of CPU per run on code that mostly copies bytes, CPU the receiver needs. A local
+    session's other Python processes (planning, the streaming source) skip the zip too, through
+    ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python``) unless it is already set."""
+    local = master.startswith("local")
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python() if local else sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -175,7 +179,7 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
         "spark.sql.shuffle.partitions": "2",
         "spark.python.daemon.module": "pgcdc.spark.daemon",
     }
-    if master.startswith("local"):
+    if local:
         defaults["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
