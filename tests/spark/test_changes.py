@@ -3,20 +3,25 @@ Spark: a column added mid-batch splits a table into two runs written as two vers
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from deltalake import DeltaTable
 
 from pgcdc.changelog import ChangeLog, encode
-from pgcdc.changelog.reader import segment_frames
+from pgcdc.changelog import segments as fmt
+from pgcdc.changelog.reader import read_segment, segment_frames
 from pgcdc.decoding.state import table_to_dict
 from pgcdc.events import Column, Delete, Insert, Table, Type, Update
 from pgcdc.lsn import LSN
 from pgcdc.sinks import DeltaSink, SinkKind, read_table
+from pgcdc.spark import source
 from pgcdc.spark.changes import change_tables
 from pgcdc.spark.pipeline import RUNS_PER_BATCH, Chunk, rounds, write_chunks
 from pgcdc.spark.source import PgcdcBatchReader, Settings, read_ipc
@@ -173,3 +178,60 @@ def test_parts_start_at_the_batch_with_the_types_in_force_there(tmp_path: Path) 
         assert parts[0].rows is not None and parts[0].rows[0] == first
         # Parts after the Type row (in transaction 11) get its definition from the driver.
         assert any("mood" in p.types for p in parts) == (high > 0xB000)
+
+
+def _forget_notes(segment: str) -> None:
+    """Rewrite every frame header as a pgcdc without frame notes wrote it (notes 0)."""
+    with open(segment, "r+b") as f:
+        data = f.read()
+        for ref in fmt.scan(io.BytesIO(data), len(data), segment, verify=False).frames:
+            header = ref.header
+            start = ref.offset + fmt.FRAME_HEADER_SIZE
+            payload = data[start : start + header.length]
+            old = fmt.encode_frame(
+                header.flags,
+                header.first_commit_lsn,
+                header.last_commit_lsn,
+                header.end_lsn,
+                rows=header.rows,
+                payload=payload,
+                holds_type_rows=False,
+            )
+            fields = bytearray(old[: fmt.FRAME_HEADER_SIZE - 4])
+            fields[6:8] = b"\0\0"
+            f.seek(ref.offset)
+            f.write(bytes(fields) + zlib.crc32(payload, zlib.crc32(fields)).to_bytes(4, "little"))
+
+
+def test_planning_reads_only_the_frames_noted_to_hold_type_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "log"
+    log = _small_frames_log(root)
+    frames = segment_frames(log.segments()[0].path)
+    starts = list(itertools.accumulate((f.rows for f in frames), initial=0))
+    typed = {
+        (start, start + f.rows)
+        for start, f in zip(starts, frames, strict=False)
+        if f.holds_type_rows
+    }
+    # The writer notes exactly the frame with the Type row, and says so of every frame.
+    assert len(typed) == 1 and all(f.holds_type_rows is not None for f in frames)
+    ranges: list[tuple[int, int | None]] = []
+
+    def recording(*args: Any, rows: tuple[int, int | None], **kwargs: Any) -> Any:
+        ranges.append(rows)
+        return read_segment(*args, rows=rows, **kwargs)
+
+    monkeypatch.setattr(source, "read_segment", recording)
+    parts = _reader(root, 7, "0/0").plan(LSN(1), LSN(0x14000))
+    assert ranges and all(
+        any(low <= a and b is not None and b <= high for low, high in typed) for a, b in ranges
+    )
+    # A log written before frames had notes: every frame is read, with the same outcome.
+    _forget_notes(log.segments()[0].path)
+    assert all(f.holds_type_rows is None for f in segment_frames(log.segments()[0].path))
+    ranges.clear()
+    again = _reader(root, 7, "0/0").plan(LSN(1), LSN(0x14000))
+    assert [(p.rows, p.types) for p in again] == [(p.rows, p.types) for p in parts]
+    assert len(ranges) > len(typed)

@@ -733,6 +733,14 @@ class DecodedRow:
     event: Event | None
 
 
+def holds_type_rows(batch: pa.RecordBatch) -> bool:
+    """Whether ``batch`` has a Type row: frames note it, so planners that track type
+    definitions read only the frames that change them."""
+    kind = batch.column("kind")
+    where = kind.dictionary.index("type").as_py()
+    return where >= 0 and bool(pc.any(pc.equal(kind.indices, where)).as_py())
+
+
 def decode_rows(batch: pa.RecordBatch) -> Iterator[DecodedRow]:
     """The events in ``batch`` (a ``SCHEMA`` batch), each with its transaction's fields."""
     if batch.num_rows == 0:

@@ -103,11 +103,13 @@ def state_at(
 
 @dataclass(frozen=True, slots=True)
 class FrameInfo:
-    """One frame of whole transactions: its row count and commit LSN range (from its header)."""
+    """One frame of whole transactions: its row count, commit LSN range and whether it holds
+    Type rows (None: not recorded, a frame from an older pgcdc), all from its header."""
 
     rows: int
     first_commit_lsn: LSN
     last_commit_lsn: LSN
+    holds_type_rows: bool | None = None
 
 
 def segment_frames(
@@ -119,7 +121,12 @@ def segment_frames(
     with _open(fs, where) as f:
         scan = fmt.scan(f, f.size(), where, verify=False)
     return [
-        FrameInfo(ref.header.rows, ref.header.first_commit_lsn, ref.header.last_commit_lsn)
+        FrameInfo(
+            ref.header.rows,
+            ref.header.first_commit_lsn,
+            ref.header.last_commit_lsn,
+            ref.header.holds_type_rows,
+        )
         for ref in scan.frames
         if ref.header.rows
     ]

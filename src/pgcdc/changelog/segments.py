@@ -4,7 +4,7 @@ Segment ``<BASE>.pgcdcseg`` (BASE: the log's last commit LSN before it, 16 hex d
 sort in log order) holds::
 
     header  = "PGCDCSEG" u16 version u16 0 u32 json_length u32 crc32(json) json
-    frame*  = "PGCF" u8 version u8 flags u16 0 u64 first_commit_lsn u64 last_commit_lsn
+    frame*  = "PGCF" u8 version u8 flags u16 notes u64 first_commit_lsn u64 last_commit_lsn
               u64 end_lsn u32 rows u32 payload_length u32 crc32(fields before it + payload)
               payload (an Arrow IPC stream of one ``codec.SCHEMA`` batch, or empty)
 
@@ -13,6 +13,11 @@ transaction is written as several non-final frames, so it never has to fit in me
 abandoned group (no FINAL, or an ABORT frame) is not part of the log. A SEAL frame (no payload)
 closes a segment; it repeats the segment's range so listing needs to read only the tail.
 All integers are little-endian.
+
+``notes`` say what the payload's rows hold, so readers can skip frames without decoding them:
+NOTED (the bits below are recorded) and HOLDS_TYPE_ROWS. Writers before notes existed wrote 0,
+which reads as "not recorded", and readers that predate them ignore the field, so it needs no
+new version.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ FINAL = 1
 ABORT = 2
 SEAL = 4
 _KNOWN_FLAGS = FINAL | ABORT | SEAL
+
+NOTED = 1
+HOLDS_TYPE_ROWS = 2
 
 # A header larger than this is damage, not a real relation state.
 _MAX_HEADER_JSON = 1 << 30
@@ -154,10 +162,16 @@ class FrameHeader:
     rows: int
     length: int
     crc: int
+    notes: int = 0
 
     @property
     def final(self) -> bool:
         return bool(self.flags & FINAL)
+
+    @property
+    def holds_type_rows(self) -> bool | None:
+        """Whether the payload has Type rows; None when the writer did not record it."""
+        return bool(self.notes & HOLDS_TYPE_ROWS) if self.notes & NOTED else None
 
 
 def encode_frame(
@@ -168,6 +182,7 @@ def encode_frame(
     *,
     rows: int,
     payload: Any,
+    holds_type_rows: bool,
 ) -> bytes:
     """The frame header for ``payload`` (any buffer); the caller writes both."""
     length = memoryview(payload).nbytes
@@ -179,7 +194,7 @@ def encode_frame(
         FRAME_MAGIC,
         FRAME_VERSION,
         flags,
-        0,
+        NOTED | (HOLDS_TYPE_ROWS if holds_type_rows else 0),
         first_commit_lsn,
         last_commit_lsn,
         end_lsn,
@@ -193,11 +208,11 @@ def parse_frame_header(data: bytes) -> FrameHeader | None:
     """The frame header in ``data``, or None when it is not one (short, bad magic or flags)."""
     if len(data) < FRAME_HEADER_SIZE:
         return None
-    magic, version, flags, _, first, last, end, rows, length = _FRAME_FIELDS.unpack_from(data)
+    magic, version, flags, notes, first, last, end, rows, length = _FRAME_FIELDS.unpack_from(data)
     if magic != FRAME_MAGIC or version != FRAME_VERSION or flags & ~_KNOWN_FLAGS:
         return None
     (crc,) = _CRC.unpack_from(data, _FRAME_FIELDS.size)
-    return FrameHeader(flags, LSN(first), LSN(last), LSN(end), rows, length, crc)
+    return FrameHeader(flags, LSN(first), LSN(last), LSN(end), rows, length, crc, notes)
 
 
 def frame_crc_ok(data: bytes, header: FrameHeader, payload: Any) -> bool:

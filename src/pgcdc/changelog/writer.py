@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from pgcdc.changelog import segments as fmt
-from pgcdc.changelog.codec import BatchBuilder, LogState, decode_rows
+from pgcdc.changelog.codec import BatchBuilder, LogState, decode_rows, holds_type_rows
 from pgcdc.errors import ChangeLogLocked, CorruptChangeLog
 from pgcdc.events import Event, Relation, Type
 from pgcdc.lsn import LSN
@@ -281,7 +281,15 @@ class ChangeLogWriter:
         payload = fmt.encode_payload(batch, self._compression)
         rows = 0 if batch is None else batch.num_rows
         first = first if first is not None else last
-        header = fmt.encode_frame(flags, first, last, end, rows=rows, payload=payload)
+        header = fmt.encode_frame(
+            flags,
+            first,
+            last,
+            end,
+            rows=rows,
+            payload=payload,
+            holds_type_rows=batch is not None and holds_type_rows(batch),
+        )
         self._ensure_segment()
         self._file.write(header)
         self._file.write(payload)
@@ -355,6 +363,7 @@ class ChangeLogWriter:
             *self._written,
             rows=0,
             payload=b"",
+            holds_type_rows=False,
         )
         self._file.write(seal)
         if self._local:

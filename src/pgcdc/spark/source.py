@@ -458,10 +458,10 @@ class SegmentTypes:
     # (first row it holds for, the definitions), ascending: one step per Type row.
     steps: list[tuple[int, dict[int, TypeInfo]]] = field(default_factory=list)
 
-    def at(self, row: int, filesystem: Any) -> dict[int, TypeInfo]:
+    def at(self, row: int, frames: list[FrameInfo], filesystem: Any) -> dict[int, TypeInfo]:
         """The definitions in force for the segment's row ``row`` (rows before it read)."""
         if row > self.scanned:
-            self._scan(row, filesystem)
+            self._scan(row, frames, filesystem)
         found = self.base
         for start, types in self.steps:
             if start > row:
@@ -469,21 +469,31 @@ class SegmentTypes:
             found = types
         return found
 
-    def _scan(self, stop: int, filesystem: Any) -> None:
-        number = self.scanned
-        for batch in read_segment(self.path, filesystem=filesystem, rows=(self.scanned, stop)):
-            is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
-            if pc.any(is_type).as_py():
-                positions = pc.indices_nonzero(is_type).to_pylist()
-                for position, row in zip(
-                    positions, decode_rows(batch.filter(is_type)), strict=True
-                ):
-                    event = row.event
-                    assert isinstance(event, Type)
-                    types = dict(self.steps[-1][1] if self.steps else self.base)
-                    types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
-                    self.steps.append((number + position + 1, types))
-            number += batch.num_rows
+    def _scan(self, stop: int, frames: list[FrameInfo], filesystem: Any) -> None:
+        """Take in the Type rows before ``stop``, reading only the frames that may hold one."""
+        end = 0
+        for frame in frames:
+            start, end = end, end + frame.rows
+            if end <= self.scanned or frame.holds_type_rows is False:
+                continue
+            if start >= stop:
+                break
+            number = max(start, self.scanned)
+            for batch in read_segment(
+                self.path, filesystem=filesystem, rows=(number, min(end, stop))
+            ):
+                is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
+                if pc.any(is_type).as_py():
+                    positions = pc.indices_nonzero(is_type).to_pylist()
+                    for position, row in zip(
+                        positions, decode_rows(batch.filter(is_type)), strict=True
+                    ):
+                        event = row.event
+                        assert isinstance(event, Type)
+                        types = dict(self.steps[-1][1] if self.steps else self.base)
+                        types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+                        self.steps.append((number + position + 1, types))
+                number += batch.num_rows
         self.scanned = stop
 
 
@@ -518,7 +528,7 @@ class _Reader:
             for rows in _row_ranges(frames, low, high, self.settings.partition_rows):
                 start, stop = rows if rows is not None else (0, None)
                 start = max(start, first)
-                types = known.at(start, fs)
+                types = known.at(start, frames, fs)
                 parts.append(
                     SegmentPartition(
                         self.settings.path,
