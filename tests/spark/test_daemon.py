@@ -40,15 +40,18 @@ def test_workers_of_a_pgcdc_session_import_the_installed_pyspark() -> None:
     spark = spark_session("local[1]", "pgcdc-daemon-test")
     try:
 
-        def where(_: int) -> str:
+        def where(_: int) -> tuple[str, bool]:
+            import sys as worker_sys
+
             import pyspark as worker_pyspark
 
-            return str(worker_pyspark.__file__)
+            # The daemon imported pgcdc's read path before forking this worker.
+            return str(worker_pyspark.__file__), "pgcdc.spark.source" in worker_sys.modules
 
-        files = set(spark.sparkContext.parallelize([0, 1], 2).map(where).collect())
+        found = set(spark.sparkContext.parallelize([0, 1], 2).map(where).collect())
     finally:
         spark.stop()
-    assert files == {pyspark.__file__}
+    assert found == {(pyspark.__file__, True)}
 
 
 def _python_path_through(script: Path, python_path: str | None) -> str:

@@ -6,11 +6,14 @@ from a zip keeps compiled bytecode, so each new worker compiled pyspark from sou
 0.6 s of CPU on the shared 2-core machine, per process), and every task's
 ``importlib.invalidate_caches()`` re-read the zip's index. When the same pyspark version is
 installed (a pip-installed pyspark: the common case), the zips leave the path here before
-anything imports pyspark; otherwise nothing changes.
+anything imports pyspark; otherwise nothing changes. The daemon also imports pgcdc's read
+path once for all the workers it forks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import re
 import runpy
 import sys
@@ -62,6 +65,10 @@ def main() -> None:
         for entry in set(sys.path) - set(cleaned):
             sys.path_importer_cache.pop(entry, None)
         sys.path[:] = cleaned
+    # Workers are forked from the daemon and inherit its modules: import what pgcdc's read
+    # tasks need (0.3 s of CPU) once here rather than in each worker.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("pgcdc.spark.source")
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
 
