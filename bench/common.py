@@ -70,6 +70,30 @@ def peak_rss_mib(pid: int | None = None) -> float:
     return float("nan")
 
 
+def process_tree_cpu(pid: int | None = None) -> float:
+    """CPU seconds of a process (this one by default) and every process below it, including
+    children that exited and were waited for (Linux /proc): a pipeline's whole cost, which
+    noise from other work on a shared machine disturbs less than its wall time."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        ticks[int(entry)] = sum(map(int, fields[11:15]))  # utime stime cutime cstime
+    total, todo = 0, [pid or os.getpid()]
+    while todo:
+        process = todo.pop()
+        total += ticks.get(process, 0)
+        todo.extend(children.get(process, ()))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def print_figure(name: str, value: float, unit: str, baseline: float | None = None) -> None:
     line = f"{name:<48} {value:>14,.1f} {unit}"
     if baseline:
