@@ -227,3 +227,8 @@ class SnapshotError(PgcdcError):
 class ReceiverProcessError(PgcdcError):
     """The pipeline's receiver process died, or failed with an error that could not be sent
     back as itself (the message names the original type)."""
+
+
+class PipelineQueryError(PgcdcError):
+    """The pipeline's Spark streaming query could not start, or stopped with an error; the
+    message carries Spark's own reason (for a Java error, its first line)."""

@@ -1,6 +1,6 @@
 """``pipeline.run`` with its receiver in a child process, on PG15 and PG18: the child's errors
-reach the caller as their own type, a stop (event or Ctrl-C) flushes and confirms, and a
-killed driver does not leave its receiver behind holding the slot."""
+reach the caller as their own type, a stop (event or Ctrl-C) flushes and confirms, and neither
+a killed driver nor a query that fails to start leaves its receiver behind holding the slot."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
-from pgcdc.errors import ReceiverProcessError, SlotInUse, SlotNotFound
+from pgcdc.errors import PipelineQueryError, ReceiverProcessError, SlotInUse, SlotNotFound
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import _portable
 from pgcdc.sinks import SinkKind, read_table
@@ -195,3 +195,18 @@ def test_a_killed_driver_leaves_no_receiver_behind(db: Database, tmp_path: Path)
     finisher = _cli(tmp_path, db, "--once")
     assert finisher.wait(180) == 0, (tmp_path / "cli.log").read_text()[-3000:]
     assert _mirror_ids(tmp_path) == {1}
+
+
+def test_a_query_that_fails_to_start_stops_the_receiver(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    _source(db)
+    db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
+    (tmp_path / "checkpoint").write_text("a file where the checkpoint folder must go")
+    settings = _settings(db, tmp_path)
+    with pytest.raises(PipelineQueryError, match=r"could not start: .*not a directory") as caught:
+        pipeline.run(settings, spark=spark)
+    # The receiver (started first) let go of the slot and of the change log.
+    assert not _slot_active(db), caught.value
+    with ChangeLog(settings.changelog).writer():
+        pass

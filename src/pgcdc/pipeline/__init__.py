@@ -41,7 +41,7 @@ import psycopg
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.sql import get_slot
-from pgcdc.errors import InvalidOption, PgcdcError
+from pgcdc.errors import InvalidOption, PipelineQueryError
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
@@ -274,7 +274,7 @@ def run(
             raise receiver.error
         error = query.exception()
         if error is not None:
-            raise PgcdcError(f"the pipeline query failed: {error}")
+            raise PipelineQueryError(f"the pipeline query failed: {error}")
 
 
 def with_overrides(settings: Settings, **changes: Any) -> Settings:

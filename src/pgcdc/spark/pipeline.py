@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.decoding.state import table_from_dict
-from pgcdc.errors import InvalidOption, SinkError
+from pgcdc.errors import InvalidOption, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.spark.local_python import worker_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
@@ -227,7 +227,23 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{config.trigger_interval} seconds")
-    return writer.start()
+    try:
+        return writer.start()
+    except Exception as exc:
+        raise PipelineQueryError(
+            f"the streaming query could not start: {_spark_reason(exc)} "
+            f"(checkpoint {config.checkpoint}, change log {config.changelog})"
+        ) from exc
+
+
+def _spark_reason(error: BaseException | str) -> str:
+    """The line of a Spark error that says what went wrong: a Java error seen through py4j
+    starts with the call that failed and ends with the Java stack."""
+    for line in str(error).splitlines():
+        reason = line.strip(": \t")
+        if reason and not reason.startswith("An error occurred while calling"):
+            return reason
+    return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
 
 
 def run_once(spark: Any, config: PipelineConfig) -> None:
