@@ -7,6 +7,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -15,7 +16,7 @@ import pytest
 from pgcdc.changelog import ChangeLog, read_segment
 from pgcdc.changelog.codec import SCHEMA, decode
 from pgcdc.errors import ChangeLogLocked, CorruptChangeLog, UnknownConsumer, UnloggableInput
-from pgcdc.events import EncodedRow, Event, Insert, Relation, Type
+from pgcdc.events import Delete, EncodedRow, Event, Insert, Relation, Row, Type, Update
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
 
@@ -328,26 +329,45 @@ def _frames(root) -> list[tuple[int, int, int, int]]:
     return found
 
 
+def _encoded(row: Any) -> Any:
+    return None if row is None else EncodedRow.from_values(row)
+
+
 def _decoder_rows(txn: CommittedTransaction) -> CommittedTransaction:
-    """``txn`` with its inserts' rows as the decoder hands them out (EncodedRow)."""
-    return replace(
-        txn,
-        events=tuple(
-            replace(e, new=EncodedRow.from_values(e.new)) if isinstance(e, Insert) else e
-            for e in txn.events
-        ),
-    )
+    """``txn`` with its changes' rows as the decoder hands them out (EncodedRow)."""
+
+    def encoded(e: Event) -> Event:
+        if isinstance(e, Insert):
+            return replace(e, new=_encoded(e.new))
+        if isinstance(e, Update):
+            return replace(e, new=_encoded(e.new), old=_encoded(e.old))
+        if isinstance(e, Delete):
+            return replace(e, old=_encoded(e.old))
+        return e
+
+    return replace(txn, events=tuple(map(encoded, txn.events)))
 
 
-def _inserts(number: int, rows: int, xids: Callable[[int], int | None]) -> CommittedTransaction:
+def _changes(
+    number: int,
+    rows: int,
+    xids: Callable[[int], int | None],
+    change: Callable[[LSN, Row, int | None, int], Event] = lambda lsn, row, xid, i: Insert(
+        lsn, TABLE, row, xid
+    ),
+) -> CommittedTransaction:
     commit = LSN(0x1000000 + number * 0x10000)
     events = tuple(
-        Insert(
-            commit - 0x8000 + i, TABLE, (str(i), f"row {i}" * (i % 5), b"\x01" * (i % 9)), xids(i)
+        change(
+            LSN(commit - 0x8000 + i), (str(i), f"row {i}" * (i % 5), b"\x01" * (i % 9)), xids(i), i
         )
         for i in range(rows)
     )
     return CommittedTransaction(number, commit, commit + 8, None, events)
+
+
+def _inserts(number: int, rows: int, xids: Callable[[int], int | None]) -> CommittedTransaction:
+    return _changes(number, rows, xids)
 
 
 @pytest.mark.parametrize("frame_bytes", [1500, 20_000, 4 << 20])
@@ -361,6 +381,18 @@ def test_decoder_rows_are_logged_in_runs_with_the_same_frames(tmp_path, frame_by
         _inserts(4, 700, lambda i: 100 + i % 3),  # subtransaction xids
         _inserts(5, 1, lambda i: 7),
         _inserts(6, 2500, lambda i: 9),
+        # Runs of updates and of deletes too; the ones with old rows, or with both kinds of
+        # old row in one run, go event by event.
+        _changes(7, 1500, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row)),
+        _changes(
+            8, 900, lambda i: 5, lambda lsn, row, xid, i: Delete(lsn, TABLE, row[:1], xid=xid)
+        ),
+        _changes(9, 40, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row, False)),
+        _changes(10, 30, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row, i > 9)),
+        _changes(11, 30, lambda i: 3, lambda lsn, row, xid, i: Update(lsn, TABLE, row, row, True)),
+        _changes(
+            12, 30, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row, None, True)
+        ),
     ]
     options = {"frame_bytes": frame_bytes, "segment_bytes": 64 << 20}
     write(ChangeLog(tmp_path / "tuples"), txns, **options)

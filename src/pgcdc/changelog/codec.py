@@ -401,15 +401,17 @@ class BatchBuilder:
         Return the size added and the index after the last event taken; add the Relation and
         Type events taken to ``definitions``.
 
-        A run of inserts with decoder rows (the common case) is added column by column in
-        C-level passes; anything else goes event by event through ``add``. Unloggable input
+        A run of Inserts, Updates or Deletes of one kind with decoder rows (the common case) is
+        added column by column in C-level passes; anything else goes event by event through
+        ``add``. Unloggable input
         raises; the events before the failing one may have been added (a writer drops the
         whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
         if end - start > 1 and end <= _U32:
             run = events if start == 0 and end == len(events) else events[start:end]
-            if set(map(type, run)) == _INSERTS_ONLY:
-                added = self._add_inserts(txn, start, run, room)  # type: ignore[arg-type]
+            kinds = set(map(type, run))
+            if len(kinds) == 1 and kinds <= _RUN_TYPES:
+                added = self._add_rows(txn, start, run, room)
                 if added is not None:
                     return added
         size = 0
@@ -424,23 +426,38 @@ class BatchBuilder:
                 break
         return size, position + 1
 
-    def _add_inserts(
-        self, txn: CommittedTransaction, first_seq: int, events: Sequence[Insert], room: int
+    def _add_rows(
+        self, txn: CommittedTransaction, first_seq: int, events: Sequence[Event], room: int
     ) -> tuple[int, int] | None:
-        """``add_run`` for a run of Insert events; None (nothing added) unless every one has
-        an ``EncodedRow``, the same table, an LSN and a valid xid."""
+        """``add_run`` for a run of Inserts, Updates or Deletes, all of one kind; None (nothing
+        added) unless every one has the same table, its row as an ``EncodedRow`` (an Update:
+        no old row), one ``old_is_key``, an LSN and a valid xid."""
         count = len(events)
+        kind_type = type(events[0])
         tables = list(map(_event_table, events))
         table = tables[0]
         if tables.count(table) != count:
             return None
-        news = list(map(_event_new, events))
-        if set(map(type, news)) != _ENCODED_ONLY:
+        old_is_key: bool | None = None
+        if kind_type is Insert:
+            rows = list(map(_event_new, events))
+        else:
+            keys = set(map(_event_old_is_key, events))
+            if len(keys) != 1:
+                return None
+            old_is_key = bool(keys.pop())
+            if kind_type is Delete:
+                rows = list(map(_event_old, events))
+            else:
+                if list(map(_event_old, events)).count(None) != count:
+                    return None
+                rows = list(map(_event_new, events))
+        if set(map(type, rows)) != _ENCODED_ONLY:
             return None
         xids = set(map(_event_xid, events))
         if not all(xid is None or (type(xid) is int and 0 <= xid < _U64) for xid in xids):
             return None
-        datas = list(map(_row_bytes, news))
+        datas = list(map(_row_bytes, rows))
         framing = _framing(table)
         size = 64 * count + sum(map(len, datas)) - framing * count
         if size >= room:
@@ -471,16 +488,16 @@ class BatchBuilder:
         self._c_txn.extend(array("i", (txn_index,)) * count)
         end = first_seq + count
         self._c_seq.extend(_SEQ[first_seq:end] if end <= len(_SEQ) else range(first_seq, end))
-        self._c_kind.extend(array("b", (_INSERT,)) * count)
+        self._c_kind.extend(array("b", (_RUN_KINDS[kind_type],)) * count)
         if len(xids) == 1:
             self._c_xid.extend(list(xids) * count)
         else:
             self._c_xid.extend(map(_event_xid, events))
         self._c_table.extend(array("i", (table_index,)) * count)
-        self._c_new.extend(datas)
         nothing: list[None] = [None] * count
-        self._c_old.extend(nothing)
-        self._c_old_is_key.extend(nothing)
+        self._c_new.extend(nothing if kind_type is Delete else datas)
+        self._c_old.extend(datas if kind_type is Delete else nothing)
+        self._c_old_is_key.extend(nothing if old_is_key is None else [old_is_key] * count)
         self.rows += count
         return size, end
 
@@ -621,11 +638,15 @@ class BatchBuilder:
         return batch
 
 
-_INSERTS_ONLY = frozenset((Insert,))
+# Event types ``add_run`` adds column by column, and their kinds.
+_RUN_KINDS = {Insert: _INSERT, Update: _UPDATE, Delete: _DELETE}
+_RUN_TYPES = frozenset(_RUN_KINDS)
 _ENCODED_ONLY = frozenset((EncodedRow,))
 _LSNS_ONLY = frozenset((LSN,))
 _event_table = attrgetter("table")
 _event_new = attrgetter("new")
+_event_old = attrgetter("old")
+_event_old_is_key = attrgetter("old_is_key")
 _event_lsn = attrgetter("lsn")
 _event_xid = attrgetter("xid")
 _row_bytes = attrgetter("_data")
