@@ -403,9 +403,8 @@ class BatchBuilder:
 
         A run of Inserts, Updates or Deletes of one kind with decoder rows (the common case) is
         added column by column in C-level passes; anything else goes event by event through
-        ``add``. Unloggable input
-        raises; the events before the failing one may have been added (a writer drops the
-        whole transaction then)."""
+        ``add``. Unloggable input raises; the events before the failing one may have been added
+        (a writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
         if end - start > 1 and end <= _U32:
             run = events if start == 0 and end == len(events) else events[start:end]

@@ -236,14 +236,14 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
         ) from exc
 
 
-def _spark_reason(error: BaseException | str) -> str:
+def _spark_reason(error: BaseException) -> str:
     """The line of a Spark error that says what went wrong: a Java error seen through py4j
     starts with the call that failed and ends with the Java stack."""
     for line in str(error).splitlines():
         reason = line.strip(": \t")
         if reason and not reason.startswith("An error occurred while calling"):
             return reason
-    return type(error).__name__ if isinstance(error, BaseException) else "unknown error"
+    return type(error).__name__
 
 
 def run_once(spark: Any, config: PipelineConfig) -> None:

@@ -470,18 +470,24 @@ class SegmentTypes:
         return found
 
     def _scan(self, stop: int, frames: list[FrameInfo], filesystem: Any) -> None:
-        """Take in the Type rows before ``stop``, reading only the frames that may hold one."""
+        """Take in the Type rows before ``stop``, reading only the frames that may hold one
+        (neighbouring ones in one read)."""
+        ranges: list[list[int]] = []
         end = 0
         for frame in frames:
             start, end = end, end + frame.rows
-            if end <= self.scanned or frame.holds_type_rows is False:
-                continue
             if start >= stop:
                 break
-            number = max(start, self.scanned)
-            for batch in read_segment(
-                self.path, filesystem=filesystem, rows=(number, min(end, stop))
-            ):
+            if end <= self.scanned or frame.holds_type_rows is False:
+                continue
+            low, high = max(start, self.scanned), min(end, stop)
+            if ranges and ranges[-1][1] == low:
+                ranges[-1][1] = high
+            else:
+                ranges.append([low, high])
+        for low, high in ranges:
+            number = low
+            for batch in read_segment(self.path, filesystem=filesystem, rows=(low, high)):
                 is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
                 if pc.any(is_type).as_py():
                     positions = pc.indices_nonzero(is_type).to_pylist()
