@@ -285,6 +285,9 @@ class Receiver:
         # Keepalive wal_end seen while the assembler held nothing: every transaction that
         # commits before it has been received.
         self._idle_lsn = INVALID_LSN
+        # How far this session's stream has demonstrably got: the end of every transaction it
+        # completed and every keepalive's wal_end. Confirms never pass it (see _confirm).
+        self._seen_lsn = INVALID_LSN
         self._next_flush = 0.0
         self._stream: ReplicationStream | None = None
         self._assembler: TransactionAssembler | None = None
@@ -368,6 +371,7 @@ class Receiver:
         try:
             plugin_options, decoder = self._plugin(conn)
             self._durable = self.sink.flush()
+            self._seen_lsn = INVALID_LSN
             with TransactionAssembler(
                 options.assembly, stored_through=self.sink.last_commit_lsn
             ) as assembler:
@@ -465,6 +469,7 @@ class Receiver:
                 else:
                     # A keepalive: the server has sent everything before wal_end.
                     wal_end = message.wal_end
+                    self._seen_lsn = max(self._seen_lsn, wal_end)
                     if assembler.pending_transactions == 0 and wal_end > self._idle_lsn:
                         self._idle_lsn = wal_end
                         if not self._unflushed:
@@ -502,6 +507,7 @@ class Receiver:
 
     def _store(self, txn: CommittedTransaction) -> None:
         sink = self.sink
+        self._seen_lsn = max(self._seen_lsn, txn.end_lsn)
         if txn.commit_lsn <= sink.last_commit_lsn:
             self._drop(txn)
             return
@@ -557,6 +563,11 @@ class Receiver:
             target = min(target, oldest)
         elif not self._unflushed and self._idle_lsn > target:
             target = self._idle_lsn
+        # After a restart the log's durable end can lie past a transaction prepared before it
+        # and settled after it, which the server replays only while the slot is confirmed
+        # before its PREPARE. Until the stream has passed that end again the transaction may
+        # not have arrived (and be held) yet, so never confirm beyond what the stream has shown.
+        target = min(target, self._seen_lsn)
         if target > stream.confirmed_lsn:
             stream.confirm(LSN(target))
 

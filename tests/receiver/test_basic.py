@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -354,3 +355,43 @@ def test_the_collector_runs_less_often_while_receiving_and_as_before_after(db: D
         gc.set_threshold(*original)
     assert during and set(during) == {tuple(map(max, GC_THRESHOLDS, (900, 11, 12)))}
     assert after == (900, 11, 12)
+
+
+def test_a_restart_never_confirms_past_a_prepare_not_yet_received_again(
+    db: Database, tmp_path: Path
+) -> None:
+    """A transaction prepared before the log's last commit and committed after it is replayed
+    after a restart only while the slot is confirmed before its PREPARE, so a new receiver may
+    not confirm its log's durable end before its stream has passed that end again."""
+    db.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    db.execute("CREATE PUBLICATION pub FOR TABLE items")
+    db.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput', false, true)")
+    with db.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO items VALUES (1, 'prepared')")
+        conn.execute("PREPARE TRANSACTION 'p'")
+        conn.execute("INSERT INTO items VALUES (2, 'plain')")
+        end = current_lsn(conn)
+    options = ReceiverOptions(
+        db.conninfo(), "s", publications=("pub",), proto_version=3, two_phase=True
+    )
+    root = tmp_path / "log"
+
+    def receive(end_lsn: LSN | None, stop: threading.Event | None = None) -> None:
+        with ChangeLog(root).writer() as writer:
+            Receiver(replace(options, end_lsn=end_lsn), writer).run(stop)
+
+    receive(end)  # logs the plain transaction and holds the prepared one
+    held = slot_position(db, "s")[0]
+    stop = threading.Event()
+    stop.set()
+    receive(None, stop)  # stops before it reads anything
+    assert slot_position(db, "s")[0] == held
+    db.execute("COMMIT PREPARED 'p'")
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    receive(end)  # the server replays the prepared transaction: its PREPARE was not confirmed
+    rows = sorted(
+        (int(key), name) for _, changes in logged_facts(root) for _, _, (key, name) in changes
+    )
+    assert rows == [(1, "prepared"), (2, "plain")]
