@@ -753,12 +753,17 @@ class DecodedRow:
     event: Event | None
 
 
+def type_rows(batch: pa.RecordBatch) -> pa.BooleanArray:
+    """Which rows of ``batch`` (a ``SCHEMA`` batch) are Type rows, read from the kind
+    column's dictionary indices."""
+    kind = batch.column("kind")
+    return pc.equal(kind.indices, kind.dictionary.index("type").as_py())
+
+
 def holds_type_rows(batch: pa.RecordBatch) -> bool:
     """Whether ``batch`` has a Type row: frames note it, so planners that track type
     definitions read only the frames that change them."""
-    kind = batch.column("kind")
-    where = kind.dictionary.index("type").as_py()
-    return where >= 0 and bool(pc.any(pc.equal(kind.indices, where)).as_py())
+    return bool(pc.any(type_rows(batch)).as_py())
 
 
 def decode_rows(batch: pa.RecordBatch) -> Iterator[DecodedRow]:

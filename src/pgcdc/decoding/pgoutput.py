@@ -334,11 +334,10 @@ class PgOutputDecoder:
         value anyway. ``"unchecked"`` is lazier still, for the receiver's hot path: a row that
         ends its message (an Insert's, a Delete's, an Update's new row) is not walked, only its
         column count checked. Such a row is checked when it is decoded, and the change log
-        writer checks many at once
-        (``columnar.first_unreadable_row``) before it persists them. That check reads text as
-        ``EncodedRow`` does (UTF-8, lone surrogates allowed), so such rows may hold encoded
-        surrogates that this decoder's own check would refuse (a UTF8 server never sends
-        them)."""
+        writer checks many at once (``columnar.first_unreadable_row``) before it persists
+        them. That check reads text as ``EncodedRow`` does (UTF-8, lone surrogates allowed), so
+        such rows may hold encoded surrogates that this decoder's own check would refuse (a
+        UTF8 server never sends them)."""
         if lazy_rows not in (False, True, "unchecked"):
             raise ConfigurationError(
                 f"lazy_rows={lazy_rows!r} is not valid: use False, True or 'unchecked'"

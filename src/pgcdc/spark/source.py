@@ -50,14 +50,24 @@ from pyspark.sql.types import StructType
 
 from pgcdc.changelog import ChangeLog, SegmentInfo
 from pgcdc.changelog import segments as fmt
-from pgcdc.changelog.codec import decode_rows
+from pgcdc.changelog.codec import decode_rows, type_rows
 from pgcdc.changelog.reader import FrameInfo, read_segment, segment_frames
 from pgcdc.decoding.arrow import ArrowOptions, arrow_schema
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.state import table_from_dict, table_to_dict, type_from_dict, type_to_dict
 from pgcdc.decoding.values import pg_text, row_to_python
 from pgcdc.errors import InvalidOption
-from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Row, Table, Truncate, Type, Update
+from pgcdc.events import (
+    UNCHANGED_TOAST,
+    Delete,
+    Event,
+    Insert,
+    Row,
+    Table,
+    Truncate,
+    Type,
+    Update,
+)
 from pgcdc.lsn import LSN
 from pgcdc.sinks.changes import TableSpec
 from pgcdc.sinks.delta import changelog_schema, prepare
@@ -470,8 +480,22 @@ class SegmentTypes:
         return found
 
     def _scan(self, stop: int, frames: list[FrameInfo], filesystem: Any) -> None:
-        """Take in the Type rows before ``stop``, reading only the frames that may hold one
-        (neighbouring ones in one read)."""
+        """Take in the Type rows before ``stop``, reading only the frames that may hold one."""
+        for low, high in self._ranges_to_read(stop, frames):
+            number = low
+            for batch in read_segment(self.path, filesystem=filesystem, rows=(low, high)):
+                is_type = type_rows(batch)
+                if pc.any(is_type).as_py():
+                    positions = pc.indices_nonzero(is_type).to_pylist()
+                    rows = decode_rows(batch.filter(is_type))
+                    for position, row in zip(positions, rows, strict=True):
+                        self._add_step(number + position + 1, row.event)
+                number += batch.num_rows
+        self.scanned = stop
+
+    def _ranges_to_read(self, stop: int, frames: list[FrameInfo]) -> list[list[int]]:
+        """Row ranges in [scanned, stop) of the frames not noted as free of Type rows,
+        neighbouring frames merged into one read."""
         ranges: list[list[int]] = []
         end = 0
         for frame in frames:
@@ -485,22 +509,14 @@ class SegmentTypes:
                 ranges[-1][1] = high
             else:
                 ranges.append([low, high])
-        for low, high in ranges:
-            number = low
-            for batch in read_segment(self.path, filesystem=filesystem, rows=(low, high)):
-                is_type = pc.equal(batch.column("kind").cast(pa.string()), "type")
-                if pc.any(is_type).as_py():
-                    positions = pc.indices_nonzero(is_type).to_pylist()
-                    for position, row in zip(
-                        positions, decode_rows(batch.filter(is_type)), strict=True
-                    ):
-                        event = row.event
-                        assert isinstance(event, Type)
-                        types = dict(self.steps[-1][1] if self.steps else self.base)
-                        types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
-                        self.steps.append((number + position + 1, types))
-                number += batch.num_rows
-        self.scanned = stop
+        return ranges
+
+    def _add_step(self, first_row: int, event: Event | None) -> None:
+        """The definitions in force from ``first_row`` on, after the Type row ``event``."""
+        assert isinstance(event, Type)
+        types = dict(self.steps[-1][1] if self.steps else self.base)
+        types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+        self.steps.append((first_row, types))
 
 
 class _Reader:
