@@ -252,7 +252,7 @@ def run_once(spark: Any, config: PipelineConfig) -> None:
     query.awaitTermination()
     error = query.exception()
     if error is not None:
-        raise SinkError(f"the pipeline query failed: {error}")
+        raise PipelineQueryError(f"the pipeline query failed: {error}")
 
 
 def parse_kinds(names: Collection[str]) -> tuple[SinkKind, ...]:
