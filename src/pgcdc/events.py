@@ -17,9 +17,9 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, TypeAlias, overload
+from typing import Any, ClassVar, TypeAlias, overload
 
 from pgcdc.errors import DecodeError, InvalidRowValue
 from pgcdc.lsn import LSN
@@ -348,6 +348,56 @@ class Delete:
 
 
 @dataclass(frozen=True, slots=True)
+class RowRun:
+    """``first`` and the row changes that followed it in its transaction with the same message
+    header (kind, table, tuple marker and width), each kept as its TupleData's wire bytes: new
+    rows, or old rows for Deletes. The receiver hands them to a sink that logs rows as bytes
+    (``accepts_row_runs``) this way, without an event object per change; ``changes()`` gives
+    the events they stand for. Never inside a streamed transaction (``xid`` is None)."""
+
+    first: Insert | Update | Delete
+    lsns: list[LSN]
+    rows: list[bytes]
+
+    # Each later change's message is this header (type byte, relation OID, tuple marker), then
+    # its row.
+    HEADER_BYTES: ClassVar[int] = 6
+
+    @property
+    def lsn(self) -> LSN:
+        return self.first.lsn
+
+    @property
+    def table(self) -> Table:
+        return self.first.table
+
+    @property
+    def xid(self) -> int | None:
+        return self.first.xid
+
+    def __len__(self) -> int:
+        return 1 + len(self.rows)
+
+    def sizes(self, size: int) -> list[int]:
+        """The payload length of each change, given the run's total ``size``."""
+        header = self.HEADER_BYTES
+        later = [header + len(row) for row in self.rows]
+        first = size - sum(later)
+        if first <= 0:  # not a payload total: share it out
+            return [max(size // len(self), 1)] * len(self)
+        return [first, *later]
+
+    def changes(self) -> Iterator[Insert | Update | Delete]:
+        first = self.first
+        yield first
+        for lsn, data in zip(self.lsns, self.rows, strict=True):
+            if isinstance(first, Delete):
+                yield replace(first, lsn=lsn, old=EncodedRow(data))
+            else:
+                yield replace(first, lsn=lsn, new=EncodedRow(data))
+
+
+@dataclass(frozen=True, slots=True)
 class Truncate:
     lsn: LSN
     tables: tuple[Table, ...]
@@ -488,6 +538,7 @@ Event: TypeAlias = (
     | Insert
     | Update
     | Delete
+    | RowRun
     | Truncate
     | Message
     | StreamStart

@@ -12,6 +12,8 @@ from pgcdc.events import (
     Column,
     Commit,
     CommitPrepared,
+    Delete,
+    EncodedRow,
     Event,
     Insert,
     Message,
@@ -19,12 +21,14 @@ from pgcdc.events import (
     Prepare,
     Relation,
     RollbackPrepared,
+    RowRun,
     StreamAbort,
     StreamCommit,
     StreamPrepare,
     StreamStart,
     StreamStop,
     Table,
+    Update,
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import AssemblyOptions, CommittedTransaction, TransactionAssembler
@@ -128,3 +132,46 @@ def row_ids(txn: CommittedTransaction) -> list[int]:
             assert isinstance(event.new[0], str)
             ids.append(int(event.new[0]))
     return ids
+
+
+def with_runs(events: Iterable[Event]) -> list[Event]:
+    """``events`` with each stretch of row changes the receiver would join (same kind, table
+    and tuple marker, plain transaction, no old row on an Update) as one RowRun."""
+    out: list[Event] = []
+    stretch: list[Insert | Update | Delete] = []
+
+    def close() -> None:
+        if len(stretch) > 1:
+            lsns = [change.lsn for change in stretch[1:]]
+            rows = [row_data(change) for change in stretch[1:]]
+            out.append(RowRun(stretch[0], lsns, rows))
+        else:
+            out.extend(stretch)
+        stretch.clear()
+
+    for event in events:
+        if (
+            isinstance(event, Insert | Update | Delete)
+            and event.xid is None
+            and not (isinstance(event, Update) and event.old is not None)
+        ):
+            if stretch and _run_header(event) != _run_header(stretch[0]):
+                close()
+            stretch.append(event)
+        else:
+            close()
+            out.append(event)
+    close()
+    return out
+
+
+def _run_header(change: Insert | Update | Delete) -> tuple[Any, ...]:
+    marker = change.old_is_key if isinstance(change, Delete) else None
+    return type(change), change.table, marker
+
+
+def row_data(change: Insert | Update | Delete) -> bytes:
+    """The TupleData bytes of the row a RowRun keeps for ``change``."""
+    kept = change.old if isinstance(change, Delete) else change.new
+    assert kept is not None
+    return EncodedRow.from_values(kept).data

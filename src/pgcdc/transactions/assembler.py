@@ -57,6 +57,7 @@ from pgcdc.events import (
     Prepare,
     Relation,
     RollbackPrepared,
+    RowRun,
     StreamAbort,
     StreamCommit,
     StreamPrepare,
@@ -197,6 +198,8 @@ class TransactionAssembler:
         ``size`` is the event's payload length when the caller knows it (for memory limits);
         otherwise it is estimated from the values' lengths.
         """
+        if type(event) is RowRun:
+            return self._feed_run(event, size)
         if type(event) in _ROW_TYPES and self._block is None and self._filter is None:
             # The hot path: a row change of a plain (not streamed) transaction; ``_add``
             # inlined for one held in memory.
@@ -228,6 +231,39 @@ class TransactionAssembler:
                 f"{type(event).__name__} is not a pgcdc.events event; feed decoder output only"
             )
         return list(handler(event, size))
+
+    def _feed_run(self, run: RowRun, size: int | None) -> list[CommittedTransaction]:
+        """A RowRun joins a plain transaction held in memory as one event; anywhere else (a
+        filter, a spilled or origin-discarded transaction, no open transaction) its changes go
+        in one by one."""
+        txn = self._plain
+        if (
+            txn is None
+            or size is None
+            or self._block is not None
+            or self._filter is not None
+            or txn.spill is not None
+            or txn.discarding
+            or run.xid is not None
+        ):
+            sizes = [None] * len(run) if size is None else run.sizes(size)
+            completed: list[CommittedTransaction] = []
+            for change, change_size in zip(run.changes(), sizes, strict=True):
+                completed.extend(self.feed(change, change_size))
+            return completed
+        entry = txn.counts.get(None)
+        if entry is None:
+            txn.counts[None] = [len(run), size]
+        else:
+            entry[0] += len(run)
+            entry[1] += size
+        txn.size += size
+        txn.events.append(run)
+        txn.sizes.append(size)
+        txn.memory += size
+        self._memory += size
+        self._enforce_limits(txn)
+        return []
 
     def feed_all(self, events: Iterable[Event]) -> Iterator[CommittedTransaction]:
         for event in events:
@@ -662,7 +698,11 @@ class TransactionAssembler:
         assert self._spill_dir is not None and txn.spill is None
         writer = self._spill_dir.new_file()
         for event, size in zip(txn.events, txn.sizes, strict=True):
-            writer.append(event, size)
+            if type(event) is RowRun:  # spill files hold plain events
+                for change, change_size in zip(event.changes(), event.sizes(size), strict=True):
+                    writer.append(change, change_size)
+            else:
+                writer.append(event, size)
         txn.spill = writer
         self._memory -= txn.memory
         txn.memory = 0

@@ -29,8 +29,10 @@ class CommittedTransaction:
 
     ``events`` holds its Relation, Type, Insert, Update, Delete, Truncate and transactional
     Message events, in order; their position in it is their sequence within the transaction.
-    It may be backed by a spill file, so iterate it rather than index it. A non-transactional
-    Message travels alone, as a transaction with ``xid`` None and ``commit_lsn`` at its LSN.
+    For a sink that accepts them (``TransactionSink``), RowRun events stand for several changes
+    and as many positions. It may be backed by a spill file, so iterate it rather than index
+    it. A non-transactional Message travels alone, as a transaction with ``xid`` None and
+    ``commit_lsn`` at its LSN.
     """
 
     xid: int | None

@@ -8,6 +8,8 @@ is confirmed only up to what is safely stored and a restart resumes right after 
 
 A sink may also say ``checks_rows = True``: it checks every ``EncodedRow`` before it keeps
 it, so the receiver may hand it Inserts whose rows the decoder did not walk (the faster path).
+One that also says ``accepts_row_runs = True`` may find ``RowRun`` events among a
+transaction's events: each stands for ``len(run)`` consecutive changes (and positions).
 """
 
 from __future__ import annotations
