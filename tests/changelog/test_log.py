@@ -15,10 +15,17 @@ import pytest
 
 from pgcdc.changelog import ChangeLog, read_segment
 from pgcdc.changelog.codec import SCHEMA, decode
-from pgcdc.errors import ChangeLogLocked, CorruptChangeLog, UnknownConsumer, UnloggableInput
-from pgcdc.events import Delete, EncodedRow, Event, Insert, Relation, Row, Type, Update
+from pgcdc.errors import (
+    ChangeLogLocked,
+    CorruptChangeLog,
+    DecodeError,
+    UnknownConsumer,
+    UnloggableInput,
+)
+from pgcdc.events import Delete, EncodedRow, Event, Insert, Relation, Row, RowRun, Type, Update
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
+from tests.transactions.builders import with_runs
 
 from .helpers import TABLE, transaction, transactions
 
@@ -426,3 +433,75 @@ def test_a_bad_event_in_a_run_of_decoder_rows_leaves_no_trace(tmp_path, bad):
             writer.append(replace(broken, events=tuple(events)))
         assert writer.append(_decoder_rows(_inserts(3, 5, lambda i: None)))
     assert [t.commit_lsn for t in log.read_transactions()] == [good.commit_lsn, LSN(0x1030000)]
+
+
+@pytest.mark.parametrize("frame_bytes", [1500, 4 << 20])
+def test_row_runs_are_logged_as_the_changes_they_stand_for(tmp_path, frame_bytes):
+    """A transaction whose row changes come as RowRuns (the receiver's fast path) reads back
+    exactly as the same transaction logged change by change."""
+    txns = [
+        _inserts(1, 3000, lambda i: None),
+        transaction(0x35, 40),  # updates and a relation between inserts
+        _changes(7, 1500, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row)),
+        _changes(8, 900, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row[:1])),
+        _changes(9, 40, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row, False)),
+        _changes(10, 30, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row, i > 9)),
+    ]
+    with_rows_as_runs = [replace(t, events=tuple(with_runs(t.events))) for t in txns]
+    assert sum(isinstance(e, RowRun) for t in with_rows_as_runs for e in t.events) >= 6
+    options = {"frame_bytes": frame_bytes, "segment_bytes": 64 << 20}
+    log = ChangeLog(tmp_path / "runs")
+    write(log, with_rows_as_runs, **options)
+    assert list(log.read_transactions()) == txns
+    write(ChangeLog(tmp_path / "single"), [_decoder_rows(t) for t in txns], **options)
+    single = pa.Table.from_batches(
+        [b for s in ChangeLog(tmp_path / "single").segments() for b in read_segment(s.path)]
+    )
+    runs = pa.Table.from_batches([b for s in log.segments() for b in read_segment(s.path)])
+    assert runs.equals(single)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (lambda run: replace(run, lsns=run.lsns[:-1]), UnloggableInput),
+        (lambda run: replace(run, lsns=[*run.lsns[:5], -1, *run.lsns[6:]]), UnloggableInput),
+        (
+            lambda run: replace(run, first=replace(run.first, old=("1",), new=("1", "x", None))),
+            UnloggableInput,
+        ),
+    ],
+    ids=["an LSN short", "negative LSN", "update with old row"],
+)
+def test_a_bad_row_run_is_rejected_without_trace(tmp_path, bad, error):
+    """A RowRun the writer cannot log as the changes it stands for is refused at append, and
+    nothing of its transaction is logged."""
+    log = ChangeLog(tmp_path)
+    good = _inserts(1, 50, lambda i: None)
+    updates = _changes(2, 50, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row))
+    [run] = with_runs(updates.events)
+    assert isinstance(run, RowRun)
+    with log.writer(frame_bytes=1500) as writer:
+        writer.append(replace(good, events=tuple(with_runs(good.events))))
+        with pytest.raises(error):
+            writer.append(replace(updates, events=(bad(run),)))
+        assert writer.append(_inserts(3, 5, lambda i: None))
+    assert [t.commit_lsn for t in log.read_transactions()] == [good.commit_lsn, LSN(0x1030000)]
+
+
+def test_an_unreadable_row_in_a_row_run_is_refused_with_its_lsn(tmp_path):
+    """RowRun rows are unchecked bytes from the stream: the writer checks them as it checks
+    unchecked decoder rows, and logs nothing of the batch holding a bad one."""
+    txn = _inserts(1, 50, lambda i: None)
+    [run] = with_runs(txn.events)
+    assert isinstance(run, RowRun)
+    rows = list(run.rows)
+    rows[9] = rows[9][:-1]  # truncated TupleData
+    log = ChangeLog(tmp_path)
+    with log.writer() as writer:
+        assert writer.append(replace(txn, events=(replace(run, rows=rows),)))
+        with pytest.raises(DecodeError, match=f"row at LSN {run.lsns[9]} in public.accounts"):
+            writer.flush()
+        with pytest.raises(DecodeError):
+            writer.close()
+    assert list(log.read_transactions()) == []

@@ -35,6 +35,7 @@ from pgcdc.events import (
     Message,
     Relation,
     Row,
+    RowRun,
     Table,
     Truncate,
     Type,
@@ -393,44 +394,54 @@ class BatchBuilder:
         txn: CommittedTransaction,
         events: Sequence[Event],
         start: int,
+        seq: int,
+        *,
         room: int,
         definitions: list[Event],
-    ) -> tuple[int, int]:
-        """Append ``events[start:]`` of ``txn`` (positions are their indexes) until the
-        estimated size reaches ``room``: the event that reaches it is the last one taken.
-        Return the size added and the index after the last event taken; add the Relation and
-        Type events taken to ``definitions``.
+    ) -> tuple[int, int, int]:
+        """Append ``events[start:]`` of ``txn``, the first at position ``seq`` (each event takes
+        one position, a ``RowRun`` one per change), until the estimated size reaches ``room``:
+        the event that reaches it is the last one taken. Return the size added, the index after
+        the last event taken and the position after it; add the Relation and Type events taken
+        to ``definitions``.
 
         A run of Inserts, Updates or Deletes of one kind with decoder rows (the common case) is
-        added column by column in C-level passes; anything else goes event by event through
-        ``add``. Unloggable input raises; the events before the failing one may have been added
-        (a writer drops the whole transaction then)."""
+        added column by column in C-level passes, and so are a RowRun's rows; anything else goes
+        event by event through ``add``. Unloggable input raises; the events before the failing
+        one may have been added (a writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
-        if end - start > 1 and end <= _U32:
+        if end - start > 1 and seq + end - start <= _U32:
             run = events if start == 0 and end == len(events) else events[start:end]
             kinds = set(map(type, run))
             if len(kinds) == 1 and kinds <= _RUN_TYPES:
-                added = self._add_rows(txn, start, run, room)
+                added = self._add_rows(txn, seq, run, room)
                 if added is not None:
-                    return added
+                    size, taken = added
+                    return size, start + taken, seq + taken
         size = 0
         add = self.add
         position = start
         for position in range(start, end):
             event = events[position]
-            size += add(txn, position, event)
+            if type(event) is RowRun:
+                size += self._add_row_run(txn, seq, event)
+                seq += len(event)
+            else:
+                size += add(txn, seq, event)
+                seq += 1
             if type(event) in _DEFINITIONS:
                 definitions.append(event)
             if size >= room:
                 break
-        return size, position + 1
+        return size, position + 1, seq
 
     def _add_rows(
         self, txn: CommittedTransaction, first_seq: int, events: Sequence[Event], room: int
     ) -> tuple[int, int] | None:
-        """``add_run`` for a run of Inserts, Updates or Deletes, all of one kind; None (nothing
-        added) unless every one has the same table, its row as an ``EncodedRow`` (an Update:
-        no old row), one ``old_is_key``, an LSN and a valid xid."""
+        """``add_run`` for a run of Inserts, Updates or Deletes, all of one kind: the size added
+        and how many were taken. None (nothing added) unless every one has the same table, its
+        row as an ``EncodedRow`` (an Update: no old row), one ``old_is_key``, an LSN and a valid
+        xid."""
         count = len(events)
         kind_type = type(events[0])
         tables = list(map(_event_table, events))
@@ -475,30 +486,88 @@ class BatchBuilder:
                 xids = set(map(_event_xid, events))
         elif size < 64 * count:
             size = 64 * count
+        xid_values = list(xids) * count if len(xids) == 1 else list(map(_event_xid, events))
+        lsns = map(_event_lsn, events)
+        if not self._extend_rows(
+            txn,
+            table,
+            kind_type,
+            first_seq=first_seq,
+            lsns=lsns,
+            xids=xid_values,
+            datas=datas,
+            old_is_key=old_is_key,
+        ):
+            return None
+        return size, count
+
+    def _add_row_run(self, txn: CommittedTransaction, seq: int, run: RowRun) -> int:
+        """``add_run`` for a RowRun at position ``seq``: its first change as ``add`` adds it,
+        then its rows column by column."""
+        first = run.first
+        size = self.add(txn, seq, first)
+        datas = run.rows
+        count = len(datas)
+        if not count:
+            return size
+        _uint(seq + count, 32, "event position")
+        if type(first) is Update and first.old is not None:
+            raise UnloggableInput("a RowRun of Updates carries new rows only (no old rows)")
+        if set(map(type, datas)) != _BYTES_ONLY or len(run.lsns) != count:
+            raise UnloggableInput("a RowRun needs one LSN and one bytes row per change")
+        old_is_key = None if isinstance(first, Insert) else bool(first.old_is_key)
+        lsns = run.lsns
+        if not self._extend_rows(
+            txn,
+            first.table,
+            type(first),
+            first_seq=seq + 1,
+            lsns=lsns,
+            xids=[first.xid] * count,
+            datas=datas,
+            old_is_key=old_is_key,
+        ):
+            raise UnloggableInput(f"a RowRun's LSNs are not 64-bit LSNs: {lsns[:3]}...")
+        framing = _framing(first.table)
+        added = sum(map(len, datas)) - framing * count
+        return size + 64 * count + (added if added > 0 else 0)
+
+    def _extend_rows(
+        self,
+        txn: CommittedTransaction,
+        table: Table,
+        kind_type: type,
+        *,
+        first_seq: int,
+        lsns: Iterable[int],
+        xids: list[int | None],
+        datas: list[bytes],
+        old_is_key: bool | None,
+    ) -> bool:
+        """Add ``datas`` (new rows; old rows of Deletes) as rows of one kind and table, column
+        by column; False, with nothing added, when an LSN is not a uint64."""
+        count = len(datas)
         txn_index = self._txn_index(txn)
         table_index = self._table_index(table)
         lsn_column = self._c_lsn
         try:
-            lsn_column.extend(map(_event_lsn, events))  # checks every LSN is a uint64
+            lsn_column.extend(lsns)  # checks every LSN is a uint64
         except (TypeError, OverflowError):
             del lsn_column[self.rows :]
-            return None
+            return False
         # Validated: the other columns grow by C-level extends that cannot fail.
         self._c_txn.extend(array("i", (txn_index,)) * count)
         end = first_seq + count
         self._c_seq.extend(_SEQ[first_seq:end] if end <= len(_SEQ) else range(first_seq, end))
         self._c_kind.extend(array("b", (_RUN_KINDS[kind_type],)) * count)
-        if len(xids) == 1:
-            self._c_xid.extend(list(xids) * count)
-        else:
-            self._c_xid.extend(map(_event_xid, events))
+        self._c_xid.extend(xids)
         self._c_table.extend(array("i", (table_index,)) * count)
         nothing: list[None] = [None] * count
         self._c_new.extend(nothing if kind_type is Delete else datas)
         self._c_old.extend(datas if kind_type is Delete else nothing)
         self._c_old_is_key.extend(nothing if old_is_key is None else [old_is_key] * count)
         self.rows += count
-        return size, end
+        return True
 
     def _add(self, txn: CommittedTransaction, seq: int, event: Event | None) -> int:
         """``add`` for every event: validates each field."""
@@ -641,6 +710,7 @@ class BatchBuilder:
 _RUN_KINDS = {Insert: _INSERT, Update: _UPDATE, Delete: _DELETE}
 _RUN_TYPES = frozenset(_RUN_KINDS)
 _ENCODED_ONLY = frozenset((EncodedRow,))
+_BYTES_ONLY = frozenset((bytes,))
 _LSNS_ONLY = frozenset((LSN,))
 _event_table = attrgetter("table")
 _event_new = attrgetter("new")
@@ -704,9 +774,11 @@ def encode(transactions: Iterable[CommittedTransaction]) -> pa.RecordBatch:
         if not events:
             builder.add(txn, 0, None)
             continue
-        position = 0
+        position = seq = 0
         while position < len(events):
-            _, position = builder.add_run(txn, events, position, _U64, definitions)
+            _, position, seq = builder.add_run(
+                txn, events, position, seq, room=_U64, definitions=definitions
+            )
         definitions.clear()
     return builder.build()
 

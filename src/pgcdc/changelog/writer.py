@@ -52,8 +52,10 @@ _DEFINITIONS = frozenset((Relation, Type))
 class ChangeLogWriter:
     """The single appender of a change log. Use as a context manager, or call ``close()``."""
 
-    # Every row is checked when a frame is built, before it is written (see TransactionSink).
+    # Every row is checked when a frame is built, before it is written, and RowRuns are
+    # logged row by row as their bytes (see TransactionSink).
     checks_rows = True
+    accepts_row_runs = True
 
     def __init__(
         self,
@@ -261,10 +263,12 @@ class ChangeLogWriter:
         builder = self._builder
         events = txn.events
         if type(events) is tuple or type(events) is list:
-            position, count = 0, len(events)
+            position, seq, count = 0, 0, len(events)
             while position < count:
                 room = self._frame_bytes - self._buffer_bytes
-                size, end = builder.add_run(txn, events, position, room, definitions)
+                size, end, seq = builder.add_run(
+                    txn, events, position, seq, room=room, definitions=definitions
+                )
                 self._buffer_bytes += size
                 yield end - position
                 position = end
