@@ -47,7 +47,7 @@ from pgcdc.decoding.pgoutput import (
 )
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse
-from pgcdc.events import Delete, Event, Insert, Message, Truncate, Update
+from pgcdc.events import Delete, Event, Insert, Message, RowRun, Truncate, Update
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
     AssemblyOptions,
@@ -82,6 +82,13 @@ BURST_MESSAGES = 64
 # _CollectorThresholds.
 GC_THRESHOLDS = (50_000, 20, 20)
 _CONTENT = frozenset((Insert, Update, Delete, Truncate, Message))
+# Row changes a RowRun starts with; pgoutput puts the row's TupleData after type byte, relation
+# OID and tuple marker (outside stream blocks), and the run's messages share those bytes and the
+# column count. A run is fed once it reaches either bound.
+_RUN_STARTS = (Insert, Update, Delete)
+_RUN_ROW_START = RowRun.HEADER_BYTES
+RUN_MAX_ROWS = 4096
+RUN_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -435,6 +442,19 @@ class Receiver:
         decode_one = decoder.decode_one if type(decoder) is PgOutputDecoder else None
         feed = assembler.feed
         store = self._store
+        # Row changes whose message starts like the one before it (same kind, table, tuple
+        # marker and width) join it in a RowRun as their rows' bytes, with no decoding, for a
+        # sink that takes them. The run is fed when a message does not join it.
+        runs = (
+            type(decoder) is PgOutputDecoder
+            and decoder.lazy_rows == "unchecked"
+            and getattr(self.sink, "accepts_row_runs", False)
+        )
+        run_first: Insert | Update | Delete | None = None
+        run_prefix = b""
+        run_lsns: list[LSN] = []
+        run_rows: list[bytes] = []
+        run_size = 0
         self._next_flush = clock() + self.options.fsync_interval
         while True:
             if stop.is_set():
@@ -459,8 +479,38 @@ class Receiver:
                     payload = message.payload
                     size = len(payload)
                     self._bytes += size
+                    if run_first is not None:
+                        payload = bytes(payload)
+                        if (
+                            payload.startswith(run_prefix)
+                            and run_size < RUN_MAX_BYTES
+                            and len(run_rows) < RUN_MAX_ROWS
+                        ):
+                            run_lsns.append(lsn)
+                            run_rows.append(payload[_RUN_ROW_START:])
+                            run_size += size
+                            if end_lsn is not None and lsn >= end_lsn:
+                                return "end_lsn"
+                            continue
+                        run = RowRun(run_first, run_lsns, run_rows) if run_rows else run_first
+                        run_first = None
+                        for txn in feed(run, run_size):
+                            store(txn)
                     # The decoder reads the stream's buffer and copies only what it keeps.
-                    completed = feed(decode_one(payload, lsn), size)
+                    event = decode_one(payload, lsn)
+                    if (
+                        runs
+                        and isinstance(event, _RUN_STARTS)
+                        and event.xid is None
+                        and (type(event) is not Update or event.old is None)
+                    ):
+                        run_first = event
+                        run_prefix = bytes(payload[: _RUN_ROW_START + 2])
+                        run_lsns, run_rows, run_size = [], [], size
+                        if end_lsn is not None and lsn >= end_lsn:
+                            return "end_lsn"
+                        continue
+                    completed = feed(event, size)
                     if completed:
                         for txn in completed:
                             store(txn)
@@ -514,7 +564,10 @@ class Receiver:
         events = txn.events
         counter = [0]
         if isinstance(events, tuple | list):
-            counter[0] = sum(map(_CONTENT.__contains__, map(type, events)))
+            types = list(map(type, events))
+            counter[0] = sum(map(_CONTENT.__contains__, types))
+            if RowRun in types:
+                counter[0] += sum(len(e) for e in events if type(e) is RowRun)
         else:
             txn = replace(txn, events=_counted(events, counter))
         if not sink.append(txn):
