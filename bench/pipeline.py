@@ -23,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psycopg
+import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from common import (
     create_slots,
@@ -82,6 +84,7 @@ def main() -> None:
             )
             changes = _workload(conn, rows)
             end = current_lsn(conn)
+            source = conn.execute("SELECT count(*), coalesce(sum(v), 0) FROM bench").fetchone()
 
         recv = pg_recvlogical_drain(
             cluster, "postgres", "recv", end, {"proto_version": "1", "publication_names": "pub"}
@@ -111,11 +114,26 @@ def main() -> None:
         )
         print("target ratio: 0.5")
         print_figure("CPU per change (receiver, Spark, Delta)", cpu / changes * 1e6, "us")
+        _check_drained(Path(settings.lake) / "public" / "bench", source, changes)
 
         _latency(conninfo, settings, spark, args.latency_seconds, args.latency_rate)
         spark.stop()
     finally:
         cluster.destroy()
+
+
+def _check_drained(tables: Path, source: tuple[int, int] | None, changes: int) -> None:
+    """A rate counts only if the run landed everything: the mirror must equal the source table
+    (row count and sum of v) and the changelog hold every change."""
+    mirror = read_table(tables / "mirror")
+    mirror_sum = pc.sum(mirror.column("v")).as_py() or 0
+    logged = DeltaTable(str(tables / "changelog")).to_pyarrow_dataset().count_rows()
+    print(
+        f"checked: mirror {mirror.num_rows:,} rows, sum(v) {mirror_sum:,}; source {source}; "
+        f"changelog {logged:,} rows of {changes:,} changes"
+    )
+    if source is None or (mirror.num_rows, mirror_sum) != tuple(source) or logged != changes:
+        raise SystemExit("the pipeline did not land the whole workload: the rate is void")
 
 
 def _latency(
