@@ -201,29 +201,13 @@ class TransactionAssembler:
         if type(event) is RowRun:
             return self._feed_run(event, size)
         if type(event) in _ROW_TYPES and self._block is None and self._filter is None:
-            # The hot path: a row change of a plain (not streamed) transaction; ``_add``
-            # inlined for one held in memory.
+            # The hot path: a row change of a plain (not streamed) transaction.
             txn = self._plain
             if txn is not None:
                 if size is None or txn.spill is not None or txn.discarding:
                     self._add(txn, event, size, content=True)
-                    return []
-                xid = event.xid  # type: ignore[union-attr]
-                entry = txn.counts.get(xid)
-                if entry is None:
-                    txn.counts[xid] = [1, size]
                 else:
-                    entry[0] += 1
-                    entry[1] += size
-                txn.size += size
-                txn.events.append(event)
-                txn.sizes.append(size)
-                txn.memory += size
-                self._memory += size
-                if (self._txn_limit and txn.memory > self._txn_limit) or (
-                    self._total_limit and self._memory > self._total_limit
-                ):
-                    self._enforce_limits(txn)
+                    self._hold(txn, event, event.xid, 1, size)  # type: ignore[union-attr]
                 return []
         handler = self._handlers.get(type(event))
         if handler is None:
@@ -251,19 +235,27 @@ class TransactionAssembler:
             for change, change_size in zip(run.changes(), sizes, strict=True):
                 completed.extend(self.feed(change, change_size))
             return completed
-        entry = txn.counts.get(None)
+        self._hold(txn, run, None, len(run), size)
+        return []
+
+    def _hold(self, txn: _Txn, event: Event, xid: int | None, count: int, size: int) -> None:
+        """Keep ``event`` (``count`` changes of ``xid``) in ``txn``, which is held in memory:
+        ``_add`` without its checks, for the hot path."""
+        entry = txn.counts.get(xid)
         if entry is None:
-            txn.counts[None] = [len(run), size]
+            txn.counts[xid] = [count, size]
         else:
-            entry[0] += len(run)
+            entry[0] += count
             entry[1] += size
         txn.size += size
-        txn.events.append(run)
+        txn.events.append(event)
         txn.sizes.append(size)
         txn.memory += size
         self._memory += size
-        self._enforce_limits(txn)
-        return []
+        if (self._txn_limit and txn.memory > self._txn_limit) or (
+            self._total_limit and self._memory > self._total_limit
+        ):
+            self._enforce_limits(txn)
 
     def feed_all(self, events: Iterable[Event]) -> Iterator[CommittedTransaction]:
         for event in events:
