@@ -480,6 +480,8 @@ class Receiver:
                     size = len(payload)
                     self._bytes += size
                     if run_first is not None:
+                        # One copy out of the stream's buffer, then bytes operations: faster,
+                        # measured, than comparing and slicing the memoryview itself.
                         payload = bytes(payload)
                         if (
                             payload.startswith(run_prefix)

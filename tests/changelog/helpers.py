@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pyarrow as pa
 from hypothesis import strategies as st
 
+from pgcdc.changelog import ChangeLog, read_segment
 from pgcdc.events import (
     UNCHANGED_TOAST,
     Column,
@@ -162,3 +165,10 @@ def number_of(commit_lsn: int) -> int:
 def crash_rows(number: int) -> int:
     """Row counts for the crash tests: mostly small, now and then a multi-frame transaction."""
     return 200 if number % 11 == 0 else 1 + (number * 37) % 25
+
+
+def log_rows(root: Any) -> pa.Table:
+    """Every row of the change log at ``root``, in log order, as one Arrow table: two logs of
+    the same transactions compare column for column."""
+    log = ChangeLog(root)
+    return pa.Table.from_batches([b for s in log.segments() for b in read_segment(s.path)])

@@ -27,7 +27,7 @@ from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
 from tests.transactions.builders import with_runs
 
-from .helpers import TABLE, transaction, transactions
+from .helpers import TABLE, log_rows, transaction, transactions
 
 SMALL = {"segment_bytes": 6000, "frame_bytes": 1500}
 
@@ -454,11 +454,7 @@ def test_row_runs_are_logged_as_the_changes_they_stand_for(tmp_path, frame_bytes
     write(log, with_rows_as_runs, **options)
     assert list(log.read_transactions()) == txns
     write(ChangeLog(tmp_path / "single"), [_decoder_rows(t) for t in txns], **options)
-    single = pa.Table.from_batches(
-        [b for s in ChangeLog(tmp_path / "single").segments() for b in read_segment(s.path)]
-    )
-    runs = pa.Table.from_batches([b for s in log.segments() for b in read_segment(s.path)])
-    assert runs.equals(single)
+    assert log_rows(tmp_path / "runs").equals(log_rows(tmp_path / "single"))
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from pgcdc.changelog import ChangeLog, ChangeLogWriter, read_segment
+from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.errors import (
     ConnectionLost,
@@ -33,6 +32,7 @@ from pgcdc.receiver import (
     session_options,
 )
 from pgcdc.transactions import AssemblyOptions, CommittedTransaction
+from tests.changelog.helpers import log_rows
 from tests.conftest import Database
 
 from .helpers import Conn, Fact, current_lsn, key_only, logged_facts, slot_position
@@ -446,11 +446,6 @@ def test_row_runs_log_exactly_what_single_events_log(
         )
         with writer_type(tmp_path / slot) as writer:
             Receiver(options, writer).run()
-    runs, single = (
-        pa.Table.from_batches(
-            [b for s in ChangeLog(tmp_path / slot).segments() for b in read_segment(s.path)]
-        )
-        for slot in ("runs", "single")
-    )
+    runs, single = log_rows(tmp_path / "runs"), log_rows(tmp_path / "single")
     assert runs.num_rows == single.num_rows > 5000
     assert runs.equals(single)

@@ -468,11 +468,11 @@ class BatchBuilder:
         if not all(xid is None or (type(xid) is int and 0 <= xid < _U64) for xid in xids):
             return None
         datas = list(map(_row_bytes, rows))
-        framing = _framing(table)
-        size = 64 * count + sum(map(len, datas)) - framing * count
+        size = _rows_size(table, datas)
         if size >= room:
             # The frame fills within this run: take the events up to the one that fills it.
             size = taken = 0
+            framing = _framing(table)
             for data in datas:
                 taken += 1
                 value_bytes = len(data) - framing
@@ -484,8 +484,6 @@ class BatchBuilder:
                 events = events[:count]
                 datas = datas[:count]
                 xids = set(map(_event_xid, events))
-        elif size < 64 * count:
-            size = 64 * count
         xid_values = list(xids) * count if len(xids) == 1 else list(map(_event_xid, events))
         lsns = map(_event_lsn, events)
         if not self._extend_rows(
@@ -528,9 +526,7 @@ class BatchBuilder:
             old_is_key=old_is_key,
         ):
             raise UnloggableInput(f"a RowRun's LSNs are not 64-bit LSNs: {lsns[:3]}...")
-        framing = _framing(first.table)
-        added = sum(map(len, datas)) - framing * count
-        return size + 64 * count + (added if added > 0 else 0)
+        return size + _rows_size(first.table, datas)
 
     def _extend_rows(
         self,
@@ -736,6 +732,14 @@ def _from_array(arrow_type: pa.DataType, values: array[int]) -> pa.Array:
 def _framing(table: Table) -> int:
     """TupleData bytes that are not values in a row of ``table`` (at most: a NULL takes 1)."""
     return 2 + 5 * len(table.columns)
+
+
+def _rows_size(table: Table, datas: list[bytes]) -> int:
+    """The estimated logged size of rows ``datas`` of ``table``, taken together: 64 bytes of
+    fields each, plus their values' bytes."""
+    count = len(datas)
+    values = sum(map(len, datas)) - _framing(table) * count
+    return 64 * count + (values if values > 0 else 0)
 
 
 def _sparse_fields(event: Event) -> dict[str, Any]:

@@ -171,6 +171,7 @@ class TransactionAssembler:
             Insert: self._on_row_change,
             Update: self._on_row_change,
             Delete: self._on_row_change,
+            RowRun: self._on_row_run,
             Truncate: self._on_truncate,
             Relation: self._on_relation,
             Type: self._on_type,
@@ -198,8 +199,6 @@ class TransactionAssembler:
         ``size`` is the event's payload length when the caller knows it (for memory limits);
         otherwise it is estimated from the values' lengths.
         """
-        if type(event) is RowRun:
-            return self._feed_run(event, size)
         if type(event) in _ROW_TYPES and self._block is None and self._filter is None:
             # The hot path: a row change of a plain (not streamed) transaction.
             txn = self._plain
@@ -216,7 +215,7 @@ class TransactionAssembler:
             )
         return list(handler(event, size))
 
-    def _feed_run(self, run: RowRun, size: int | None) -> list[CommittedTransaction]:
+    def _on_row_run(self, run: RowRun, size: int | None) -> list[CommittedTransaction]:
         """A RowRun joins a plain transaction held in memory as one event; anywhere else (a
         filter, a spilled or origin-discarded transaction, no open transaction) its changes go
         in one by one."""
