@@ -1,0 +1,283 @@
+"""The receiver (and the pipeline) on OLTP shapes next to pg_recvlogical, same WAL, same run.
+
+The bulk benchmarks (``receiver.py``, ``pipeline.py``) commit long runs of one table's rows; real
+workloads commit small transactions across many tables, where per-transaction and per-table
+costs dominate. Three shapes, each driven by ``pgbench`` (shipped with PostgreSQL):
+
+tpcb
+    pgbench's built-in TPC-B-like script: 3 UPDATEs on three tables and 1 INSERT into a fourth.
+tiny
+    one UPDATE per transaction (1 change each).
+mix
+    eight wide tables (20 columns and a TOASTed ``doc``); each transaction updates one row
+    leaving ``doc`` untouched (unchanged TOAST), rewrites another row's ``doc`` (out of line),
+    and inserts a wide row into the next table: 3 changes over 2 tables.
+
+Each shape's WAL is drained ``--repeat`` times from separate slots, alternating: by
+``pg_recvlogical`` into /dev/null (pgoutput, the newest protocol, streaming on) and by the
+``pgcdc`` command as users run it (``--format changelog --log DIR -E END --no-loop``); the best
+of each counts. Rows/s, transactions/s and CPU per change and per transaction are printed for
+both. With ``--pipeline``, ``pgcdc pipeline run --once`` (changelog, mirror and history) also
+drains the tpcb WAL: its rate counts from the first change to the last landed (the Spark
+session's start is printed separately), and the mirror is checked against the source for every
+account the workload touched.
+
+    python3 bench/oltp.py [--shapes tpcb,tiny,mix] [--transactions 40000] [--repeat 3] [--pipeline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg
+
+from common import current_lsn, pg_recvlogical_drain, print_figure, process_tree_cpu, start_cluster
+from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.pgoutput import PgOutputOptions, max_proto_version
+from pgcdc.events import Delete, Insert, Update
+from pgcdc.localpg import LocalCluster
+from pgcdc.lsn import LSN
+
+CLIENTS = 4
+MIX_TABLES = 8
+MIX_ROWS = 2_000
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    changes_per_transaction: int
+
+
+SHAPES = {s.name: s for s in (Shape("tpcb", 4), Shape("tiny", 1), Shape("mix", 3))}
+
+
+def _pgbench(cluster: LocalCluster, dbname: str, *args: str) -> None:
+    command = [str(cluster.installation.binary("pgbench")), *args, cluster.conninfo(dbname)]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _mix_schema(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE SEQUENCE mix_ids START 1000000")
+    for k in range(1, MIX_TABLES + 1):
+        conn.execute(
+            f"CREATE TABLE mix{k} (id bigint PRIMARY KEY, n int, "
+            + ", ".join(f"c{i} text" for i in range(8))
+            + ", "
+            + ", ".join(f"d{i} numeric(12,2)" for i in range(5))
+            + ", at timestamptz, flag bool, f float8, doc text)"
+        )
+        conn.execute(f"ALTER TABLE mix{k} ALTER COLUMN doc SET STORAGE EXTERNAL")
+        conn.execute(
+            f"INSERT INTO mix{k} SELECT g, 0, "
+            + ", ".join(f"md5((g + {i})::text)" for i in range(8))
+            + ", "
+            + ", ".join(f"g / {i + 3}.0" for i in range(5))
+            + ", now(), g % 2 = 0, g / 7.0, repeat(md5(g::text), 100) "
+            f"FROM generate_series(1, {MIX_ROWS}) g"
+        )
+
+
+def _mix_script(path: Path) -> None:
+    """One pgbench script: a random table k, 3 changes over tables k and k+1."""
+    lines = [f"\\set k random(1, {MIX_TABLES})", f"\\set a random(1, {MIX_ROWS})",
+             f"\\set b random(1, {MIX_ROWS})", "BEGIN;"]  # fmt: skip
+    for k in range(1, MIX_TABLES + 1):
+        following = k % MIX_TABLES + 1
+        lines += [
+            f"\\{'if' if k == 1 else 'elif'} :k = {k}",
+            f"UPDATE mix{k} SET n = n + 1, c0 = md5(random()::text) WHERE id = :a;",
+            f"UPDATE mix{k} SET doc = repeat(md5(random()::text), 100) WHERE id = :b;",
+            f"INSERT INTO mix{following} (id, n, c0, c1, c2, c3, d0, d1, at, flag, f, doc) "
+            "VALUES (nextval('mix_ids'), 1, md5(random()::text), 'x', 'y', 'z', 1.5, 2.25, "
+            "now(), true, random(), 'short');",
+        ]
+    lines += ["\\endif", "END;"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _prepare(cluster: LocalCluster, dbname: str, shape: Shape, work: Path) -> list[str]:
+    """Create the shape's tables; return pgbench's arguments for its workload."""
+    with psycopg.connect(cluster.conninfo(dbname), autocommit=True) as conn:
+        if shape.name == "tpcb":
+            _pgbench(cluster, dbname, "-i", "-q", "-s", "10")
+            return ["-n"]
+        if shape.name == "tiny":
+            conn.execute("CREATE TABLE tiny (id int PRIMARY KEY, v int)")
+            conn.execute("INSERT INTO tiny SELECT g, 0 FROM generate_series(1, 100000) g")
+            script = work / "tiny.sql"
+            script.write_text(
+                "\\set id random(1, 100000)\nUPDATE tiny SET v = v + 1 WHERE id = :id;\n"
+            )
+            return ["-n", "-f", str(script)]
+        _mix_schema(conn)
+        script = work / "mix.sql"
+        _mix_script(script)
+        return ["-n", "-f", str(script)]
+
+
+def _cpu_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _pgcdc_drain(conninfo: str, slot: str, endpos: LSN, log: Path) -> tuple[float, float]:
+    """Seconds and CPU seconds of the ``pgcdc`` command draining ``slot`` into a change log."""
+    command = [
+        sys.executable, "-m", "pgcdc.cli.main", "-d", conninfo, "-S", slot, "--start",
+        "--publication", "pub", "--format", "changelog", "--log", str(log),
+        "-E", str(endpos), "--no-loop",
+    ]  # fmt: skip
+    cpu, started = _cpu_children(), time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - started, _cpu_children() - cpu
+
+
+def _logged(log: Path) -> tuple[int, int]:
+    transactions = changes = 0
+    for transaction in ChangeLog(str(log)).read_transactions():
+        transactions += 1
+        changes += sum(1 for e in transaction.events if isinstance(e, Insert | Update | Delete))
+    return transactions, changes
+
+
+def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, work: Path) -> None:
+    dbname = f"oltp_{shape.name}"
+    with psycopg.connect(cluster.conninfo(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}")
+    pgbench_args = _prepare(cluster, dbname, shape, work)
+    conninfo = cluster.conninfo(dbname)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        slots = [
+            f"{shape.name}_{side}{n}" for n in range(args.repeat) for side in ("recv", "pgcdc")
+        ]
+        if args.pipeline and shape.name == "tpcb":
+            slots.append("pipeline")
+        for slot in slots:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        server = conn.info.server_version
+    per_client = args.transactions // CLIENTS
+    transactions = per_client * CLIENTS
+    _pgbench(cluster, dbname, *pgbench_args, "-c", str(CLIENTS), "-j", "2", "-t", str(per_client))
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        endpos = current_lsn(conn)
+    changes = transactions * shape.changes_per_transaction
+    proto = max_proto_version(server)
+    options = PgOutputOptions(
+        ["pub"], proto_version=proto, messages=True, streaming="on" if proto >= 2 else "off"
+    ).for_server(server)
+
+    recv_runs: list[tuple[float, float]] = []
+    pgcdc_runs: list[tuple[float, float]] = []
+    for number in range(args.repeat):
+        cpu = _cpu_children()
+        seconds = pg_recvlogical_drain(
+            cluster, dbname, f"{shape.name}_recv{number}", endpos, options
+        )
+        recv_runs.append((seconds, _cpu_children() - cpu))
+        log = work / f"{shape.name}-log{number}"
+        pgcdc_runs.append(_pgcdc_drain(conninfo, f"{shape.name}_pgcdc{number}", endpos, log))
+        logged = _logged(log)
+        if logged != (transactions, changes):
+            raise SystemExit(
+                f"{shape.name}: the change log holds {logged} (transactions, changes), expected "
+                f"{(transactions, changes)}: the rate is void"
+            )
+
+    print(f"\n== {shape.name}: {transactions:,} transactions, {changes:,} changes "
+          f"(PostgreSQL {server // 10000}, pgoutput proto {proto}, {CLIENTS} clients)")  # fmt: skip
+    print("   rates run by run (pg_recvlogical / pgcdc, changes/s): " + ", ".join(
+        f"{changes / r / 1e3:.0f}k / {changes / p / 1e3:.0f}k"
+        for (r, _), (p, _) in zip(recv_runs, pgcdc_runs, strict=True)
+    ))  # fmt: skip
+    recv_best = min(s for s, _ in recv_runs)
+    pgcdc_best = min(s for s, _ in pgcdc_runs)
+    print_figure("pg_recvlogical -> /dev/null (best)", changes / recv_best, "changes/s")
+    print_figure("pgcdc -> change log (best)", changes / pgcdc_best, "changes/s",
+                 changes / recv_best)  # fmt: skip
+    print_figure("pg_recvlogical transactions/s", transactions / recv_best, "txn/s")
+    print_figure("pgcdc transactions/s", transactions / pgcdc_best, "txn/s",
+                 transactions / recv_best)  # fmt: skip
+    for name, runs in (("pg_recvlogical", recv_runs), ("pgcdc", pgcdc_runs)):
+        cpu = min(c for _, c in runs)
+        print_figure(f"{name} CPU per change", cpu / changes * 1e6, "us")
+        print_figure(f"{name} CPU per transaction", cpu / transactions * 1e6, "us")
+    if args.pipeline and shape.name == "tpcb":
+        _pipeline(conninfo, work, changes, changes / recv_best)
+
+
+def _pipeline(conninfo: str, work: Path, changes: int, recv_rate: float) -> None:
+    """``pipeline run --once`` over the tpcb WAL into all three kinds, checked with the source."""
+    from pgcdc import pipeline
+    from pgcdc.sinks import read_table
+    from pgcdc.spark.pipeline import parse_kinds, spark_session
+
+    settings = pipeline.Settings(
+        conninfo=conninfo,
+        slot="pipeline",
+        publications=("pub",),
+        changelog=str(work / "pipeline-log"),
+        lake=str(work / "lake"),
+        checkpoint=str(work / "checkpoint"),
+        kinds=parse_kinds(["changelog", "mirror", "history"]),
+        master="local[*]",
+        trigger_interval=1.0,
+    )
+    started = time.perf_counter()
+    spark = spark_session(
+        "local[*]", "pgcdc-bench-oltp", **{"spark.ui.showConsoleProgress": "false"}
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    print_figure("pipeline: Spark session start", time.perf_counter() - started, "s")
+    cpu, started = process_tree_cpu(), time.perf_counter()
+    pipeline.run(settings, once=True, spark=spark)
+    took, cpu = time.perf_counter() - started, process_tree_cpu() - cpu
+    spark.stop()
+    mirror = read_table(Path(settings.lake) / "public" / "pgbench_accounts" / "mirror")
+    landed = dict(zip(mirror.column("aid").to_pylist(), mirror.column("abalance").to_pylist(),
+                      strict=True))  # fmt: skip
+    with psycopg.connect(conninfo) as conn:
+        query = "SELECT aid, abalance FROM pgbench_accounts WHERE aid = ANY(%s)"
+        source: dict[int, int] = dict(conn.execute(query, (list(landed),)).fetchall())
+    if not landed or landed != source:
+        differ = sum(landed[aid] != source.get(aid) for aid in landed)
+        raise SystemExit(f"pipeline: {differ} of {len(landed)} mirror rows differ from the source: "
+                         "the rate is void")  # fmt: skip
+    print(f"   checked: {len(landed):,} touched accounts in the mirror equal the source")
+    print_figure("pipeline run --once (3 kinds)", changes / took, "changes/s", recv_rate)
+    print_figure("pipeline CPU per change (all processes)", cpu / changes * 1e6, "us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="tpcb,tiny,mix")
+    parser.add_argument("--transactions", type=int, default=40_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--version", default="18", choices=["15", "18"])
+    parser.add_argument("--pipeline", action="store_true", help="also pipeline run on tpcb")
+    args = parser.parse_args()
+    shapes = [SHAPES[name] for name in args.shapes.split(",")]
+    cluster = start_cluster(args.version)
+    work = Path(tempfile.mkdtemp(prefix="pgcdc-bench-oltp-"))
+    os.environ.setdefault("PGAPPNAME", "pgcdc-bench")
+    try:
+        for shape in shapes:
+            run_shape(cluster, shape, args, work)
+    finally:
+        cluster.destroy()
+    print("\ntargets (issue 12): receiver >= 1.3x on tpcb, tiny and bulk; pipeline >= 0.9x on tpcb")
+
+
+if __name__ == "__main__":
+    main()
