@@ -39,15 +39,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
+from pgcdc.errors import InvalidChangeBatch, LakePathError, UnresolvedToastError
 from pgcdc.sinks import changes as c
+from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
 from pgcdc.sinks.schema import align, delta_schema, evolve, normalize_read_type, to_delta
 
@@ -645,7 +645,8 @@ def _write_table(
 
 
 class DeltaSink:
-    """Delta tables for many source tables under one root: ``<root>/<schema>/<table>/<kind>``.
+    """Delta tables for many source tables under one root: ``<root>/<schema>/<table>/<kind>``,
+    names mapped to path segments by ``pgcdc.sinks.paths``.
 
     Tables without a usable key get only a changelog (with a warning naming the fix), whatever
     kinds were asked for, so their changes are never dropped.
@@ -666,10 +667,29 @@ class DeltaSink:
         self.table_kinds = {name: tuple(k) for name, k in (table_kinds or {}).items()}
         self.storage_options = storage_options
         self._warned: set[str] = set()
+        self._checked: set[str] = set()
 
     def path(self, spec: c.TableSpec, kind: SinkKind) -> str:
-        parts = (quote(spec.namespace, safe=""), quote(spec.name, safe=""), kind.value)
-        return "/".join((self.root, *parts))
+        return table_path(self.root, spec.namespace, spec.name, kind)
+
+    def _checked_path(self, spec: c.TableSpec, kind: SinkKind) -> str:
+        """``path``, once it is known not to leave behind a table an older pgcdc wrote elsewhere
+        (a fresh table there would miss every row the old one holds)."""
+        path = self.path(spec, kind)
+        if path in self._checked:
+            return path
+        old = legacy_table_path(self.root, spec.namespace, spec.name, kind)
+        so = self.storage_options
+        if old is not None and _open(path, so) is None and _open(old, so) is not None:
+            raise LakePathError(
+                f"the {kind.value} table of {spec.qualified_name} is at {old}, where earlier "
+                f"versions of pgcdc put it, but pgcdc now keeps it at {path} (lake paths escape "
+                "every character but a-z, 0-9 and _, see docs/pipeline.md); stop the pipeline, "
+                f"move {old} to {path} (a directory rename, or a copy of the prefix on an "
+                "object store), and start it again"
+            )
+        self._checked.add(path)
+        return path
 
     def kinds_for(self, spec: c.TableSpec) -> tuple[SinkKind, ...]:
         wanted = self.table_kinds.get(spec.qualified_name, self.kinds)
@@ -709,7 +729,7 @@ class DeltaSink:
             for kind in self.kinds_for(spec):
                 results.append(
                     _write_table(
-                        self.path(spec, kind),
+                        self._checked_path(spec, kind),
                         spec,
                         prepared,
                         changes.num_rows,
