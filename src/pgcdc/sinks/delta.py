@@ -579,6 +579,12 @@ def _write_history(
     _execute(merger, table, schema, commit)
 
 
+_SCHEMAS = {
+    SinkKind.CHANGELOG: changelog_schema,
+    SinkKind.MIRROR: _mirror_schema,
+    SinkKind.HISTORY: _history_schema,
+}
+
 _WRITERS = {
     SinkKind.CHANGELOG: _write_changelog,
     SinkKind.MIRROR: _write_mirror,
@@ -638,6 +644,10 @@ def _write_table(
         if done is not None and done >= version:
             return WriteResult(spec.qualified_name, kind, path, False, 0)
     if rows == 0:
+        if existing is None:
+            # The table exists, empty, once the sink was given it: readers find it, in its schema.
+            dspec, _ = prepared()
+            _ensure(path, _SCHEMAS[kind](dspec), dspec, storage_options)
         return WriteResult(spec.qualified_name, kind, path, False, 0)
     dspec, batch = prepared()
     _WRITERS[kind](path, dspec, batch, _commit(app_id, version), storage_options)
