@@ -18,10 +18,12 @@ history (SCD2)
     9999-12-31 23:59:59.999999 UTC. A version replaced within its own transaction has an empty
     interval (from = to).
 
-Schema changes (``pgcdc.sinks.schema``): new columns are added; dropped columns stay in the
-Delta table: changelog and history rows written after the drop have null there, mirror rows keep
-the last value they had (a row inserted after the drop has null). A type widening rewrites the
-table once, in one commit.
+Schema changes (``pgcdc.sinks.schema``): new columns (and the field the changelog's ``_old``
+gains with each) are added by a Delta schema change alone, no data file rewritten, and rows
+written before read back null there; dropped columns stay in the Delta table: changelog and
+history rows written after the drop have null there, mirror rows keep the last value they had
+(a row inserted after the drop has null). A type widening rewrites the table once, in one
+commit.
 
 Exactly once: every data commit carries the Delta application transaction (``app_id``,
 ``version``); a batch whose version the table already recorded is skipped. Schema commits
@@ -187,8 +189,10 @@ def _ensure(
     target = evolve(existing, wanted, spec.qualified_name, spec.relation_lsn)
     if target == existing:
         return table, existing
-    widened = [f.name for f in existing if target.field(f.name).type != f.type]
+    widened = [f.name for f in existing if not _only_added(f.type, target.field(f.name).type)]
     if not widened:
+        # Metadata only: files written before lack the new columns (and struct fields, as
+        # ``_old`` gains one per added column) and read back null there.
         log.info(
             "%s: adding columns %s", path, [n for n in target.names if n not in existing.names]
         )
@@ -199,6 +203,19 @@ def _ensure(
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
     table = DeltaTable(path, storage_options=storage_options)
     return table, table_schema(table)
+
+
+def _only_added(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether ``new`` is ``old`` or ``old`` with struct fields added (at any depth): a change
+    a Delta schema merge makes without rewriting a file."""
+    if old == new:
+        return True
+    if not (pa.types.is_struct(old) and pa.types.is_struct(new)):
+        return False
+    kept = [new.field(i) for i in range(old.num_fields)] if new.num_fields >= old.num_fields else []
+    return len(kept) == old.num_fields and all(
+        n.name == o.name and _only_added(o.type, n.type) for o, n in zip(old, kept, strict=True)
+    )
 
 
 def _commit(app_id: str, version: int) -> CommitProperties:
