@@ -212,9 +212,11 @@ def _only_added(old: pa.DataType, new: pa.DataType) -> bool:
         return True
     if not (pa.types.is_struct(old) and pa.types.is_struct(new)):
         return False
-    kept = [new.field(i) for i in range(old.num_fields)] if new.num_fields >= old.num_fields else []
-    return len(kept) == old.num_fields and all(
-        n.name == o.name and _only_added(o.type, n.type) for o, n in zip(old, kept, strict=True)
+    if new.num_fields < old.num_fields:
+        return False
+    return all(
+        new.field(i).name == o.name and _only_added(o.type, new.field(i).type)
+        for i, o in enumerate(old)
     )
 
 
