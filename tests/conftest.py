@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from pgcdc.localpg import (
     Installation,
@@ -21,6 +22,37 @@ from pgcdc.localpg import (
     debian_installation,
     embedded_installation,
 )
+
+# --- hypothesis profiles ---------------------------------------------------------------------
+# ``ci`` (CI=true, and scripts/test): the same examples on every run, so a failure in CI is a
+# failure on every machine, and a change cannot pass CI by luck; no example database, which
+# would replay earlier failures and make a run depend on what ran before it. ``dev`` (the
+# default elsewhere): random examples, failures remembered in .hypothesis/. ``explore``
+# (HYPOTHESIS_PROFILE=explore): random and many times more examples, to hunt for new failures.
+# Tests that set their own budget write it as ``examples(n)``, so every profile scales it.
+_BASE = settings.get_profile("default")  # not whatever hypothesis loaded on its own (it has a
+# "ci" profile of its own it loads when CI is set at all)
+_PROFILES = {
+    "ci": (settings(_BASE, derandomize=True, database=None, deadline=None, max_examples=100), 1),
+    "dev": (settings(_BASE, deadline=None, max_examples=100), 1),
+    "explore": (settings(_BASE, deadline=None, max_examples=2000), 20),
+}
+for _name, (_settings, _) in _PROFILES.items():
+    settings.register_profile(_name, _settings)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or (
+    "ci" if os.environ.get("CI", "").lower() in ("true", "1") else "dev"
+)
+if PROFILE not in _PROFILES:
+    raise pytest.UsageError(
+        f"HYPOTHESIS_PROFILE={PROFILE!r} is not one of {sorted(_PROFILES)}; unset it or pick one"
+    )
+settings.load_profile(PROFILE)
+
+
+def examples(n: int) -> int:
+    """A test's own example budget ``n``, scaled by the profile (``explore`` runs many more)."""
+    return n * _PROFILES[PROFILE][1]
+
 
 # fsync off: these clusters are thrown away, and the tests kill clients, not servers.
 TEST_SETTINGS = {"fsync": "off", "full_page_writes": "off"}

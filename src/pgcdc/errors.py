@@ -168,6 +168,11 @@ class UnresolvedToastError(SinkError):
     """An unchanged TOASTed value has no earlier value to carry (not in the batch or the table)."""
 
 
+class LakePathError(SinkError, ValueError):
+    """A name has no lake path, a path is not one pgcdc made, or a table sits at the path an
+    older pgcdc gave it (``pgcdc.sinks.paths``); the message says what to move where."""
+
+
 class MissingOutputData(DecodeError):
     """The plugin's output is well formed but lacks what an event needs (test_decoding prints no
     row data for streamed changes); decoding on would lose data, so the message says which plugin

@@ -26,6 +26,7 @@ from pgcdc.events import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
+from tests.conftest import examples
 
 from .helpers import START, TABLE, transaction_lists
 
@@ -114,7 +115,7 @@ def test_empty_transaction_keeps_its_row():
     assert list(decode([batch])) == EVERY_KIND[3:]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(transaction_lists())
 def test_random_transactions_round_trip(transactions):
     batch = encode(transactions)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.segments import FRAME_HEADER_SIZE, read_header, read_seal
 from pgcdc.transactions import CommittedTransaction
+from tests.conftest import examples
 
 from .helpers import crash_rows, number_of, transaction
 
@@ -118,7 +119,9 @@ def test_cut_around_every_transaction_end(template):
 
 
 @settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(120),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(st.data())
 def test_cut_and_garble_the_tail(template, data):

@@ -17,6 +17,7 @@ from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.errors import DecodeError, UnknownRelation
 from pgcdc.events import UNCHANGED_TOAST, EncodedRow, RawValue
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 
 from .test_columnar import comparable
 
@@ -210,7 +211,7 @@ def streams(draw: st.DrawFn) -> Messages:
     return [(LSN(100 + i), payload) for i, payload in enumerate(payloads)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(streams())
 def test_generated_streams_equal_the_reference(messages: Messages) -> None:
     expected = reference(messages)
@@ -248,7 +249,7 @@ def many(decoder: PgOutputDecoder, messages: Messages) -> list[Any]:
     return decode_many(decoder, payloads, [lsn for lsn, _ in messages])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(streams())
 def test_decode_many_gives_the_events_of_decode_one(messages: Messages) -> None:
     expected = events_outcome(one_by_one, messages)

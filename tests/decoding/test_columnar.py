@@ -22,6 +22,7 @@ from pgcdc.decoding.arrow import ArrowOptions, rows_to_arrow
 from pgcdc.decoding.values import registry_for
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, Column, EncodedRow, RawValue, Table
+from tests.conftest import examples
 
 from .test_arrow import DOUBLE, PRECISE, STRING, _raw_rows, _setup
 from .test_fast_paths import NUMERIC_10_2, TEXT_FORMS
@@ -97,7 +98,7 @@ specials = st.one_of(st.none(), st.just(UNCHANGED_TOAST))
 
 
 @pytest.mark.parametrize("name", sorted(TEXT_FORMS))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_text_columns_equal_the_per_value_path(name: str, data: st.DataObject) -> None:
     type_oid, type_modifier, forms = TEXT_FORMS[name]
@@ -136,7 +137,7 @@ def array_text(items: list[str | None]) -> str:
 
 
 @pytest.mark.parametrize("type_oid", sorted(ARRAY_TYPES))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_text_arrays_equal_the_per_value_path(type_oid: int, data: st.DataObject) -> None:
     element = ARRAY_TYPES[type_oid]
@@ -197,7 +198,7 @@ BINARY_FORMS: dict[str, tuple[int, int, st.SearchStrategy[bytes]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(BINARY_FORMS))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_binary_columns_equal_the_per_value_path(name: str, data: st.DataObject) -> None:
     type_oid, type_modifier, forms = BINARY_FORMS[name]
@@ -299,7 +300,7 @@ def test_wrong_width_raises_like_the_row_path() -> None:
         rows_to_arrow(MIXED, rows)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.data())
 def test_mutated_tuple_data_raises_only_decode_errors(data: st.DataObject) -> None:
     rows = [bytearray(EncodedRow.from_values(MIXED_ROW).data) for _ in range(8)]

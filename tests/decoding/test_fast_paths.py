@@ -30,6 +30,7 @@ from pgcdc.decoding.pgoutput import (
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, Column, Delete, Insert, RawValue, Table, Update
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 
 TABLE_OID = 16390
 
@@ -73,7 +74,7 @@ def outcome(read: Any, buf: bytes, pos: int) -> Any:
         return type(exc), str(exc)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rows)
 def test_tuple_reader_reads_what_was_written(row: tuple[RawValue, ...]) -> None:
     data = b"xyz" + encode_tuple(row)
@@ -81,7 +82,7 @@ def test_tuple_reader_reads_what_was_written(row: tuple[RawValue, ...]) -> None:
     assert _read_tuple_checked(data, 3) == (row, len(data))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(rows, st.data())
 def test_garbled_tuples_fail_or_succeed_like_the_checked_reader(
     row: tuple[RawValue, ...], data: st.DataObject
@@ -96,7 +97,7 @@ def test_garbled_tuples_fail_or_succeed_like_the_checked_reader(
     assert outcome(_read_tuple, garbled, 0) == outcome(_read_tuple_checked, garbled, 0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(rows.filter(lambda r: len(r) == 4), min_size=1, max_size=5))
 def test_changes_from_bytes_and_memoryview_equal_constructed_events(
     changes: list[tuple[RawValue, ...]],
@@ -300,7 +301,7 @@ TEXT_FORMS: dict[str, tuple[int, int, st.SearchStrategy[str]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(TEXT_FORMS))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(data=st.data())
 def test_vectorised_columns_equal_the_per_value_path(name: str, data: st.DataObject) -> None:
     type_oid, type_modifier, forms = TEXT_FORMS[name]

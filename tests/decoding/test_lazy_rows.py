@@ -35,6 +35,7 @@ from pgcdc.events import (
     encode_tuple_data,
 )
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 from tests.decoding.test_fast_paths import TABLE_OID, encode_tuple, relation, rows
 from tests.decoding.test_pgoutput_fuzz import CASES, mutate, mutation
 
@@ -44,7 +45,7 @@ AT = LSN(0x16_0000_0000)
 # --- EncodedRow behaves as its tuple -------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rows)
 def test_encoded_row_is_its_tuple(row: tuple[RawValue, ...]) -> None:
     data = encode_tuple_data(row)
@@ -63,7 +64,7 @@ def test_encoded_row_is_its_tuple(row: tuple[RawValue, ...]) -> None:
     assert type(restored) is EncodedRow and restored.data == data and restored == row
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(rows, rows)
 def test_encoded_rows_differ_when_values_differ(a: tuple[RawValue, ...], b: Any) -> None:
     assert (EncodedRow.from_values(a) == EncodedRow.from_values(b)) == (a == b)
@@ -89,7 +90,7 @@ def test_values_that_are_not_raw_are_a_typed_error() -> None:
         EncodedRow.from_values(("1", 5))  # type: ignore[arg-type]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rows, st.data())
 def test_garbled_tuple_data_fails_or_succeeds_like_the_checked_reader(
     row: tuple[RawValue, ...], data: st.DataObject
@@ -146,7 +147,7 @@ def test_fixtures_decode_lazily_to_the_same_events() -> None:
     assert rows_seen > 10
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), steps=st.lists(mutation, min_size=1, max_size=4))
 def test_mutated_payloads_decode_lazily_like_eagerly(
     case: tuple[int, DecoderState, bytes], steps: list[tuple[str, int, int]]
@@ -194,7 +195,7 @@ def test_width_mismatch_and_trailing_bytes_fail_at_decode_time() -> None:
         lazy.decode_one(update + b"N" + encode_tuple(("1", "2")), AT)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(rows.filter(lambda r: len(r) == 4), min_size=2, max_size=2))
 def test_update_old_and_new_rows_split_where_they_end(pair: list[tuple[RawValue, ...]]) -> None:
     eager, lazy = _decoders(4)

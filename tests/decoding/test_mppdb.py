@@ -24,6 +24,7 @@ from pgcdc.decoding.mppdb import (
 from pgcdc.errors import DecodeError, InvalidOption, InvalidTablePattern, UnsupportedFeature
 from pgcdc.events import Begin, Column, Commit, Delete, Heartbeat, Insert, Relation, Table, Update
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 
 AT = LSN("0/5000000")
 NULL = None
@@ -408,14 +409,14 @@ def batches(draw: st.DrawFn) -> tuple[bytes, list[object]]:
     return batch(*records), expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(batches())
 def test_generated_batches_decode(generated: tuple[bytes, list[object]]) -> None:
     payload, expected = generated
     assert decode(payload) == expected
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(batches(), st.integers(0, 10_000), st.binary(max_size=4), st.integers(0, 4))
 def test_truncated_or_mutated_payloads_raise_only_decode_error(
     generated: tuple[bytes, list[object]], position: int, insert: bytes, delete: int

@@ -13,6 +13,7 @@ from pgcdc.decoding.state import DecoderState
 from pgcdc.errors import DecodeError
 from pgcdc.events import Event
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 from tests.decoding.test_pgoutput_bytes import FIXTURES, SAMPLES
 
 AT = LSN(0x16_0000_0000)
@@ -82,7 +83,7 @@ def mutate(payload: bytes, steps: list[tuple[str, int, int]]) -> bytes:
     return bytes(data)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), steps=st.lists(mutation, min_size=1, max_size=4))
 def test_mutated_payloads_raise_only_decode_error(
     case: tuple[int, DecoderState, bytes], steps: list[tuple[str, int, int]]
@@ -91,7 +92,7 @@ def test_mutated_payloads_raise_only_decode_error(
     decode_or_decode_error(proto, state, mutate(payload, steps))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(case=st.sampled_from(CASES), data=st.data())
 def test_truncated_payloads_raise_decode_error(
     case: tuple[int, DecoderState, bytes], data: st.DataObject
@@ -101,7 +102,7 @@ def test_truncated_payloads_raise_decode_error(
     assert decode_or_decode_error(proto, state, payload[:cut]) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(payload=st.binary(max_size=64), proto=st.integers(1, 4))
 def test_random_bytes_raise_only_decode_error(payload: bytes, proto: int) -> None:
     decode_or_decode_error(proto, CASES[-1][1], payload)

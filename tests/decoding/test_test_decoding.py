@@ -43,6 +43,7 @@ from pgcdc.events import (
     Update,
 )
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 
 AT = LSN("0/16B3748")
 
@@ -425,7 +426,7 @@ def tables_and_rows(draw: st.DrawFn) -> tuple[Table, tuple[RawValue, ...]]:
     return table, values
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(tables_and_rows())
 def test_generated_inserts_round_trip(table_and_row: tuple[Table, tuple[RawValue, ...]]) -> None:
     table, row = table_and_row
@@ -435,7 +436,7 @@ def test_generated_inserts_round_trip(table_and_row: tuple[Table, tuple[RawValue
     assert format_test_decoding(events[1]) == line
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(tables_and_rows(), st.data())
 def test_generated_updates_and_deletes_round_trip(
     table_and_row: tuple[Table, tuple[RawValue, ...]], data: st.DataObject
@@ -469,7 +470,7 @@ VALID_LINES = [
 ]
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.sampled_from(VALID_LINES),
     st.integers(0, 200),

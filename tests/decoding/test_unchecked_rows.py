@@ -33,6 +33,7 @@ from pgcdc.events import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
+from tests.conftest import examples
 from tests.decoding.test_fast_paths import TABLE_OID, encode_tuple, relation, rows
 from tests.decoding.test_pgoutput_fuzz import CASES, mutate, mutation
 
@@ -93,7 +94,7 @@ def test_fixtures_decode_unchecked_to_the_same_events() -> None:
     assert changes > 10
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), steps=st.lists(mutation, min_size=1, max_size=4))
 def test_garbled_payloads_are_refused_unchecked_exactly_when_checked(
     case: tuple[int, DecoderState, bytes], steps: list[tuple[str, int, int]]
@@ -157,7 +158,7 @@ def _first_bad(batch: list[bytes | None]) -> int | None:
     return None
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(row_batches(), st.integers(0, 3))
 def test_first_unreadable_row_is_the_first_row_decoding_refuses(
     batch: list[bytes | None], skip: int
@@ -172,7 +173,7 @@ def test_first_unreadable_row_is_the_first_row_decoding_refuses(
         assert found[1] == str(error.value)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(rows, min_size=1, max_size=30))
 def test_readable_rows_pass_in_one_go(batch: list[tuple[RawValue, ...]]) -> None:
     assert first_unreadable_row(pa.array([encode_tuple(r) for r in batch], pa.binary())) is None

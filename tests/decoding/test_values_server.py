@@ -29,6 +29,7 @@ from pgcdc.decoding.values import (
 )
 from pgcdc.events import UNCHANGED_TOAST, Column, Table
 from pgcdc.lsn import LSN
+from tests.conftest import examples
 
 # (SQL type, SQL literals). Every literal is inserted, then read back as text and binary.
 CASES: list[tuple[str, list[str]]] = [
@@ -336,7 +337,7 @@ def _utc() -> Any:
 # --- generated values through the server -------------------------------------------------------
 
 _SETTINGS = settings(
-    max_examples=25,
+    max_examples=examples(25),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -7,10 +7,11 @@ folds give exactly what ``plan`` gives on the same batches."""
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pgcdc.events import ReplicaIdentity
@@ -18,6 +19,7 @@ from pgcdc.sinks import DeltaSink, SinkKind, read_table
 from pgcdc.sinks.changes import TableSpec
 from pgcdc.sinks.delta import fold_history, fold_mirror, prepare
 from pgcdc.sinks.plan import plan
+from tests.conftest import examples
 
 from .model import Source, items_spec
 from .test_delta import check_all
@@ -62,11 +64,22 @@ def _run(src: Source, steps: list[Step], counter: list[int]) -> None:
 
 
 @settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(programs(), st.lists(st.integers(1, 4), min_size=1, max_size=10))
+# A first batch whose only step deletes a row that is not there sends the table no change:
+# its mirror and history must still exist (empty), and later batches land on them.
+@example(program=[[("delete", 0, 0, False, False)]], batch_sizes=[1])
+@example(
+    program=[
+        [("delete", 0, 0, False, False)],
+        [("write", 1, 0, False, False)],
+        [("delete", 1, 0, False, False)],
+    ],
+    batch_sizes=[1],
+)
 def test_random_changes_in_random_batches(
     program: list[list[Step]], batch_sizes: list[int]
 ) -> None:
@@ -117,7 +130,7 @@ def _fold_equals_plan(spec: TableSpec, batch: pa.Table) -> bool:
     return True
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.booleans(),
     programs(foldable=True),
@@ -145,7 +158,7 @@ def test_folds_equal_plan(
     assert folded or foldable_first
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(), st.randoms(use_true_random=False))
 def test_prepare_orders_any_input(steps: list[list[Step]], random: Any) -> None:
     """A batch in log order is kept as it is; any other order is sorted to the same table."""
@@ -161,3 +174,24 @@ def test_prepare_orders_any_input(steps: list[list[Step]], random: Any) -> None:
     _, shuffled = prepare(src.spec, batch.take(pa.array(order, pa.int64())))
     assert shuffled.equals(ordered)
     assert ordered.column("_lsn").to_pylist() == sorted(ordered.column("_lsn").to_pylist())
+
+
+def test_a_first_batch_of_only_a_delete_leaves_empty_tables_later_batches_fill(
+    tmp_path: Path,
+) -> None:
+    """The row existed before the sink saw the table (no snapshot): its DELETE comes first."""
+    src = Source(items_spec())
+    src.rows[(1,)] = {"id": 1, "name": "before", "body": "b", "qty": 1}
+    src.delete((1,))
+    src.commit()
+    sink = DeltaSink(tmp_path, app_id="first", kinds=tuple(SinkKind))
+    sink.write_batch(1, [(src.spec, src.take())])
+    for kind in (SinkKind.MIRROR, SinkKind.HISTORY):
+        assert read_table(sink.path(src.spec, kind)).num_rows == 0
+    src.insert(id=1, name="again", body="c", qty=2)
+    src.insert(id=2, name="new", body="d", qty=3)
+    src.commit()
+    src.delete((2,))
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    check_all(sink, src)

@@ -17,7 +17,7 @@ from pgcdc.changelog import ChangeLog
 from pgcdc.connection.sql import get_binary_changes
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Truncate, Update
-from pgcdc.sinks import SinkKind, read_table
+from pgcdc.sinks import SinkKind, read_table, table_path
 from pgcdc.transactions import CommittedTransaction, TransactionAssembler
 
 SLOT = "s"
@@ -190,7 +190,7 @@ def column_names(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
 
 def lake_path(lake: Path, name: str, kind: SinkKind) -> str:
     schema, table = name.split(".")
-    return str(lake / schema / table / kind.value)
+    return table_path(lake, schema, table, kind)
 
 
 def mirror_rows(lake: Path, name: str, columns: list[str]) -> list[dict[str, Any]]:

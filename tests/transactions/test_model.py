@@ -15,6 +15,7 @@ from pgcdc.events import Event, Insert, Message
 from pgcdc.lsn import LSN
 from pgcdc.transactions import AssemblyOptions, TransactionAssembler
 from pgcdc.transactions.options import MB
+from tests.conftest import examples
 
 from .builders import (
     T,
@@ -146,7 +147,7 @@ def _insert(lsn: int, row: int, xid: int | None) -> Insert:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

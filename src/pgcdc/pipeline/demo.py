@@ -20,7 +20,7 @@ import psycopg
 from pgcdc import pipeline
 from pgcdc.errors import InvalidOption
 from pgcdc.localpg import LocalCluster, embedded_installation
-from pgcdc.sinks import SinkKind, to_spark
+from pgcdc.sinks import SinkKind, table_path, to_spark
 from pgcdc.spark.pipeline import spark_session
 
 SCHEMA = "pgcdc_demo"
@@ -158,8 +158,8 @@ def _source(options: DemoOptions, say: Callable[[str], None]) -> Iterator[str]:
 def _counts(spark: Any, lake: Path) -> dict[str, int]:
     counts = {}
     for table in TABLES:
-        path = lake / SCHEMA / table / SinkKind.MIRROR.value
-        counts[table] = to_spark(spark, path).count() if path.exists() else 0
+        path = table_path(lake, SCHEMA, table, SinkKind.MIRROR)
+        counts[table] = to_spark(spark, path).count() if Path(path).exists() else 0
     return counts
 
 
@@ -213,7 +213,7 @@ def run(options: DemoOptions, say: Callable[[str], None] = print) -> dict[str, i
             say("final mirror rows: " + ", ".join(f"{t}={n}" for t, n in counts.items()))
             for table in TABLES:
                 say(f"{SCHEMA}.{table} (mirror):")
-                frame = to_spark(spark, lake / SCHEMA / table / SinkKind.MIRROR.value)
+                frame = to_spark(spark, table_path(lake, SCHEMA, table, SinkKind.MIRROR))
                 say(frame.orderBy(frame.columns[0])._jdf.showString(10, 40, False))
             say(f"Delta tables under {lake}; read them with pgcdc.sinks.to_spark(spark, path)")
             return counts

@@ -18,10 +18,12 @@ history (SCD2)
     9999-12-31 23:59:59.999999 UTC. A version replaced within its own transaction has an empty
     interval (from = to).
 
-Schema changes (``pgcdc.sinks.schema``): new columns are added; dropped columns stay in the
-Delta table: changelog and history rows written after the drop have null there, mirror rows keep
-the last value they had (a row inserted after the drop has null). A type widening rewrites the
-table once, in one commit.
+Schema changes (``pgcdc.sinks.schema``): new columns (and the field the changelog's ``_old``
+gains with each) are added by a Delta schema change alone, no data file rewritten, and rows
+written before read back null there; dropped columns stay in the Delta table: changelog and
+history rows written after the drop have null there, mirror rows keep the last value they had
+(a row inserted after the drop has null). A type widening rewrites the table once, in one
+commit.
 
 Exactly once: every data commit carries the Delta application transaction (``app_id``,
 ``version``); a batch whose version the table already recorded is skipped. Schema commits
@@ -39,15 +41,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
+from pgcdc.errors import InvalidChangeBatch, LakePathError, UnresolvedToastError
 from pgcdc.sinks import changes as c
+from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
 from pgcdc.sinks.schema import align, delta_schema, evolve, normalize_read_type, to_delta
 
@@ -187,8 +189,10 @@ def _ensure(
     target = evolve(existing, wanted, spec.qualified_name, spec.relation_lsn)
     if target == existing:
         return table, existing
-    widened = [f.name for f in existing if target.field(f.name).type != f.type]
+    widened = [f.name for f in existing if not _only_added(f.type, target.field(f.name).type)]
     if not widened:
+        # Metadata only: files written before lack the new columns (and struct fields, as
+        # ``_old`` gains one per added column) and read back null there.
         log.info(
             "%s: adding columns %s", path, [n for n in target.names if n not in existing.names]
         )
@@ -199,6 +203,21 @@ def _ensure(
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
     table = DeltaTable(path, storage_options=storage_options)
     return table, table_schema(table)
+
+
+def _only_added(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether ``new`` is ``old`` or ``old`` with struct fields added (at any depth): a change
+    a Delta schema merge makes without rewriting a file."""
+    if old == new:
+        return True
+    if not (pa.types.is_struct(old) and pa.types.is_struct(new)):
+        return False
+    if new.num_fields < old.num_fields:
+        return False
+    return all(
+        new.field(i).name == o.name and _only_added(o.type, new.field(i).type)
+        for i, o in enumerate(old)
+    )
 
 
 def _commit(app_id: str, version: int) -> CommitProperties:
@@ -579,6 +598,12 @@ def _write_history(
     _execute(merger, table, schema, commit)
 
 
+_SCHEMAS = {
+    SinkKind.CHANGELOG: changelog_schema,
+    SinkKind.MIRROR: _mirror_schema,
+    SinkKind.HISTORY: _history_schema,
+}
+
 _WRITERS = {
     SinkKind.CHANGELOG: _write_changelog,
     SinkKind.MIRROR: _write_mirror,
@@ -638,6 +663,10 @@ def _write_table(
         if done is not None and done >= version:
             return WriteResult(spec.qualified_name, kind, path, False, 0)
     if rows == 0:
+        if existing is None:
+            # The table exists, empty, once the sink was given it: readers find it, in its schema.
+            dspec, _ = prepared()
+            _ensure(path, _SCHEMAS[kind](dspec), dspec, storage_options)
         return WriteResult(spec.qualified_name, kind, path, False, 0)
     dspec, batch = prepared()
     _WRITERS[kind](path, dspec, batch, _commit(app_id, version), storage_options)
@@ -645,7 +674,8 @@ def _write_table(
 
 
 class DeltaSink:
-    """Delta tables for many source tables under one root: ``<root>/<schema>/<table>/<kind>``.
+    """Delta tables for many source tables under one root: ``<root>/<schema>/<table>/<kind>``,
+    names mapped to path segments by ``pgcdc.sinks.paths``.
 
     Tables without a usable key get only a changelog (with a warning naming the fix), whatever
     kinds were asked for, so their changes are never dropped.
@@ -666,10 +696,29 @@ class DeltaSink:
         self.table_kinds = {name: tuple(k) for name, k in (table_kinds or {}).items()}
         self.storage_options = storage_options
         self._warned: set[str] = set()
+        self._checked: set[str] = set()
 
     def path(self, spec: c.TableSpec, kind: SinkKind) -> str:
-        parts = (quote(spec.namespace, safe=""), quote(spec.name, safe=""), kind.value)
-        return "/".join((self.root, *parts))
+        return table_path(self.root, spec.namespace, spec.name, kind)
+
+    def _checked_path(self, spec: c.TableSpec, kind: SinkKind) -> str:
+        """``path``, once it is known not to leave behind a table an older pgcdc wrote elsewhere
+        (a fresh table there would miss every row the old one holds)."""
+        path = self.path(spec, kind)
+        if path in self._checked:
+            return path
+        old = legacy_table_path(self.root, spec.namespace, spec.name, kind)
+        so = self.storage_options
+        if old is not None and _open(path, so) is None and _open(old, so) is not None:
+            raise LakePathError(
+                f"the {kind.value} table of {spec.qualified_name} is at {old}, where earlier "
+                f"versions of pgcdc put it, but pgcdc now keeps it at {path} (lake paths escape "
+                "every character but a-z, 0-9 and _, see docs/pipeline.md); stop the pipeline, "
+                f"move {old} to {path} (a directory rename, or a copy of the prefix on an "
+                "object store), and start it again"
+            )
+        self._checked.add(path)
+        return path
 
     def kinds_for(self, spec: c.TableSpec) -> tuple[SinkKind, ...]:
         wanted = self.table_kinds.get(spec.qualified_name, self.kinds)
@@ -709,7 +758,7 @@ class DeltaSink:
             for kind in self.kinds_for(spec):
                 results.append(
                     _write_table(
-                        self.path(spec, kind),
+                        self._checked_path(spec, kind),
                         spec,
                         prepared,
                         changes.num_rows,
