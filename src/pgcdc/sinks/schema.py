@@ -263,3 +263,50 @@ def _align_array(array: pa.Array, to: pa.DataType) -> pa.Array:
     if pa.types.is_null(array.type):
         return pa.nulls(len(array), to)
     return pc.cast(array, to, safe=True)
+
+
+# --- values delta-rs cannot hold typed -------------------------------------------------------
+
+# delta-rs computes file statistics with chrono, whose dates end at year +/-262142: a date32
+# beyond (PostgreSQL's dates reach 5874897 AD) makes it panic. Such dates go to the text map.
+DATE_DAYS_MIN = -96_465_292
+DATE_DAYS_MAX = 95_026_236
+_EPOCH_2000 = 10_957  # days from 1970-01-01 to 2000-01-01
+TEXT_TYPE = pa.map_(pa.string(), pa.string())
+
+
+def park_unstorable(
+    columns: dict[str, pa.Array], text: pa.Array
+) -> tuple[dict[str, pa.Array], pa.Array]:
+    """Top-level date values delta-rs cannot write, moved to ``text`` (a ``_text`` map) as
+    PostgreSQL prints them, their typed value null, as the decoder does with ``infinity``."""
+    from pgcdc.decoding.values import PgDate
+
+    extra: dict[int, list[tuple[str, str]]] = {}
+    out = dict(columns)
+    for name, array in columns.items():
+        if not pa.types.is_date32(array.type) or array.null_count == len(array):
+            continue
+        days = array.cast(pa.int32())
+        outside = pc.fill_null(
+            pc.or_(pc.less(days, DATE_DAYS_MIN), pc.greater(days, DATE_DAYS_MAX)), False
+        )
+        if not pc.any(outside).as_py():
+            continue
+        rows = pc.indices_nonzero(outside).to_pylist()
+        for row, day in zip(rows, days.take(pa.array(rows, pa.int64())).to_pylist(), strict=True):
+            extra.setdefault(row, []).append((name, str(PgDate(day - _EPOCH_2000))))
+        out[name] = pc.if_else(outside, pa.scalar(None, array.type), array)
+    if not extra:
+        return out, text
+    changed = sorted(extra)
+    merged = []
+    before = text.take(pa.array(changed, pa.int64())).to_pylist()
+    for row, entries in zip(changed, before, strict=True):
+        kept = [(k, v) for k, v in entries or [] if k not in {n for n, _ in extra[row]}]
+        merged.append(kept + extra[row])
+    index = list(range(len(text)))
+    for position, row in enumerate(changed):
+        index[row] = len(text) + position
+    both = pa.concat_arrays([text.cast(TEXT_TYPE), pa.array(merged, TEXT_TYPE)])
+    return out, both.take(pa.array(index, pa.int64()))
