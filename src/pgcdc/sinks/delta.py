@@ -287,6 +287,12 @@ def _key_predicate(dspec: c.TableSpec) -> str:
     return " AND ".join(f"(t.{_quote(n)} = s.{_quote(n)})" for n in k.identity_columns(dspec))
 
 
+def _key_in(keys: pa.Array) -> pc.Expression:
+    """``_pgcdc_key`` is one of ``keys``; cast, as files written by a MERGE hold binary_view,
+    which pyarrow's statistics filter cannot compare with binary."""
+    return pc.field(k.KEY).cast(k.KEY_TYPE).isin(keys)
+
+
 def _read_target(
     table: DeltaTable,
     *,
@@ -299,7 +305,7 @@ def _read_target(
     """Pre-batch rows for ``keys`` (unchanged TOAST needs their values)."""
     if not keys:
         return None, {}
-    predicate = pc.field(k.KEY).isin(pa.array(list({key[0] for key in keys}), k.KEY_TYPE))
+    predicate = _key_in(pa.array(list({key[0] for key in keys}), k.KEY_TYPE))
     if current_only:
         predicate = predicate & (pc.field(IS_CURRENT) == pa.scalar(True))
     present = set(table_schema(table).names)
@@ -494,7 +500,7 @@ def _number_copies(
     touched |= {key for key in old if key is not None}
     counts: dict[bytes, int] = {}
     if touched and _has_data(table):
-        predicate = pc.field(k.KEY).isin(pa.array(list(touched), k.KEY_TYPE))
+        predicate = _key_in(pa.array(list(touched), k.KEY_TYPE))
         if current_only:
             predicate = predicate & (pc.field(IS_CURRENT) == pa.scalar(True))
         found = dataset(table).to_table(columns=[k.KEY], filter=predicate).column(k.KEY)

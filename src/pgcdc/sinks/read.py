@@ -31,7 +31,8 @@ def dataset(table: DeltaTable, storage_options: dict[str, str] | None = None) ->
     local = storage_options is None and all(u.startswith(("/", "file:")) for u in uris)
     if not local:
         return table.to_pyarrow_dataset()
-    schema = pa.schema(table.schema().to_arrow())
+    delta = pa.schema(table.schema().to_arrow())
+    schema = pa.schema([pa.field(f.name, normalize_read_type(f.type)) for f in delta])
     paths = [u.removeprefix("file://") for u in uris]
     # Files written before a column was added lack it: the dataset reads it as null.
     return ds.dataset(paths, schema=schema, format="parquet")
