@@ -54,7 +54,9 @@ def _text(value: Any, type_: pa.DataType) -> str | None:
     return pg_text(value)
 
 
-def lake_text_rows(path: str, columns: list[str], current_only: bool = False) -> list[tuple[Any, ...]]:
+def lake_text_rows(
+    path: str, columns: list[str], current_only: bool = False
+) -> list[tuple[Any, ...]]:
     """Each row's columns as text: its ``_text`` entry, else its typed value printed."""
     table = read_table(path)
     if current_only:
@@ -69,9 +71,7 @@ def lake_text_rows(path: str, columns: list[str], current_only: bool = False) ->
         values.append([_text(v, table.column(name).type) for v in column.to_pylist()])
     for index, entries in enumerate(texts):
         kept = dict(entries or [])
-        rows.append(
-            tuple(kept.get(name, values[i][index]) for i, name in enumerate(columns))
-        )
+        rows.append(tuple(kept.get(name, values[i][index]) for i, name in enumerate(columns)))
     return sorted(rows, key=lambda r: tuple((v is None, str(v)) for v in r))
 
 
