@@ -82,6 +82,8 @@ def _texts(path: str, columns: list[str], *, current: bool = False) -> list[tupl
         column = table.column(name)
         if pa.types.is_date32(column.type):
             column = column.cast(pa.int32())
+        elif pa.types.is_list(column.type) and pa.types.is_date32(column.type.value_type):
+            column = column.cast(pa.list_(pa.int32()))
         values.append(column.to_pylist())
     texts = [dict(t or []) for t in table.column("_text").to_pylist()]
     rows = [
@@ -247,6 +249,20 @@ def test_dates_python_and_delta_rs_cannot_hold(tmp_path: Path) -> None:
     changelog = read_table(sink.path(full, SinkKind.CHANGELOG))
     old_texts = [dict(t or []) for t in changelog.column("_old_text").to_pylist()]
     assert {"d": "5874897-12-31"} in old_texts
+
+
+def test_date_arrays_delta_rs_cannot_hold(tmp_path: Path) -> None:
+    """A date array holding a date after year 262142 is kept as its text, whole."""
+    schema = pa.schema([("id", pa.int32()), ("ds", pa.list_(pa.date32()))])
+    spec = _spec(schema, ("id",))
+    sink = DeltaSink(tmp_path, app_id="t", kinds=ALL)
+    feed = Feed(spec)
+    feed.add("insert", {"id": 1, "ds": [FAR, BC, None]})
+    feed.add("insert", {"id": 2, "ds": [BC, 0]})
+    sink.write_batch(1, [(spec, feed.take())])
+    expected = [(1, '{5874897-12-31,"0054-03-14 BC",NULL}'), (2, [BC, 0])]
+    _check(sink, spec, expected)
+    assert _texts(sink.path(spec, SinkKind.CHANGELOG), ["id", "ds"]) == sorted(expected, key=str)
 
 
 def test_key_encoding_is_exact() -> None:

@@ -30,7 +30,7 @@ _EPOCH_2000 = 10_957
 
 # Table -> (columns, its DDL after CREATE TABLE).
 TABLES = {
-    "public.dates": ["d", "v"],
+    "public.dates": ["d", "v", "ds"],
     "public.floats": ["f", "n", "d", "note"],
     "public.arrays": ["id", "a", "v"],
 }
@@ -49,6 +49,8 @@ def _text(value: Any, type_: pa.DataType) -> str | None:
         return None
     if pa.types.is_date32(type_):
         return str(PgDate(value - _EPOCH_2000))
+    if pa.types.is_list(type_) and pa.types.is_date32(type_.value_type):
+        return pg_text([None if v is None else PgDate(v - _EPOCH_2000) for v in value])
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return ("-" if math.copysign(1.0, value) < 0 else "") + str(abs(int(value)))
     return pg_text(value)
@@ -68,6 +70,8 @@ def lake_text_rows(
         column = table.column(name)
         if pa.types.is_date32(column.type):
             column = column.cast(pa.int32())  # no Python date: BC and far-future dates
+        elif pa.types.is_list(column.type) and pa.types.is_date32(column.type.value_type):
+            column = column.cast(pa.list_(pa.int32()))
         values.append([_text(v, table.column(name).type) for v in column.to_pylist()])
     for index, entries in enumerate(texts):
         kept = dict(entries or [])
@@ -99,7 +103,7 @@ def test_exact_keys_through_the_pipeline(db: Database, tmp_path: Path, spark: An
     with db.connect() as conn:
         conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR ALL TABLES")
         conn.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
-        conn.execute("CREATE TABLE dates (d date PRIMARY KEY, v int)")
+        conn.execute("CREATE TABLE dates (d date PRIMARY KEY, v int, ds date[])")
         conn.execute("CREATE TABLE floats (f float8, n numeric, d date, note text)")
         conn.execute("ALTER TABLE floats REPLICA IDENTITY FULL")
         conn.execute("CREATE TABLE arrays (id int PRIMARY KEY, a int[], v int)")
@@ -107,6 +111,10 @@ def test_exact_keys_through_the_pipeline(db: Database, tmp_path: Path, spark: An
         conn.execute(
             "INSERT INTO dates VALUES ('infinity', 1), ('-infinity', 2), ('2020-01-01', 3), "
             "('0044-03-15 BC', 4), ('5874897-12-31', 5), ('12345-06-07', 6)"
+        )
+        conn.execute(
+            "UPDATE dates SET ds = ARRAY['5874897-12-31', '0044-03-15 BC', NULL]::date[] "
+            "WHERE v IN (1, 4)"
         )
         conn.execute(
             "INSERT INTO floats VALUES ('NaN', 'NaN', '0044-03-15 BC', 'nan'), "
