@@ -86,8 +86,8 @@ class TableSpec:
 
     ``schema`` holds the table's columns in order with their Arrow types; ``key_columns`` is the
     replica identity the mirror and history tables are keyed by. With REPLICA IDENTITY FULL and
-    no primary key every column is the key, so identical duplicate rows collapse into one row of
-    the mirror (the changelog still has every change).
+    no primary key every column is the key, and the mirror and history number the copies of
+    identical rows (``pgcdc.sinks.keys``), so they hold as many as the source.
     """
 
     namespace: str

@@ -4,19 +4,31 @@ Three kinds of table per source table, each optional:
 
 changelog
     Every change appended: the table's columns (new values), ``_op``, ``_commit_lsn``, ``_seq``,
-    ``_lsn``, ``_xid``, ``_commit_time``, ``_origin``, ``_unchanged`` and ``_old`` (a struct of
-    the table's columns). LSNs are Delta ``long`` (LSNs below 2**63; PostgreSQL would need
-    8 EiB of WAL to pass that). Unchanged TOASTed values stay null here, named in ``_unchanged``.
+    ``_lsn``, ``_xid``, ``_commit_time``, ``_origin``, ``_unchanged``, ``_old`` (a struct of
+    the table's columns) and ``_old_text`` (the text forms of ``_old``'s values). LSNs are
+    Delta ``long`` (LSNs below 2**63; PostgreSQL would need 8 EiB of WAL to pass that).
+    Unchanged TOASTed values stay null here, named in ``_unchanged``.
 mirror (SCD1)
     The current rows, keyed by the replica identity, plus ``_commit_lsn``, ``_commit_time`` and
-    ``_text`` of the change that last wrote each row. One MERGE per batch.
+    ``_text`` of the change that last wrote each row, and ``_pgcdc_key``. One MERGE per batch.
 history (SCD2)
     One row per version with ``_op`` (insert or update: what opened it), ``_valid_from_lsn``,
     ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time``, ``_is_current`` and ``_text``.
     LSNs are commit LSNs, so the state as of LSN L is ``_valid_from_lsn <= L < _valid_to_lsn``;
     an open version has ``_valid_to_lsn`` = 2**63-1 and ``_valid_to_time`` =
     9999-12-31 23:59:59.999999 UTC. A version replaced within its own transaction has an empty
-    interval (from = to).
+    interval (from = to). Also ``_pgcdc_key``.
+
+Rows of the mirror and history are matched by ``_pgcdc_key``, an exact encoding of the replica
+identity's values, typed or (where the typed column cannot hold them) text, never by the typed
+values, which may be null (``pgcdc.sinks.keys``). Keyless REPLICA IDENTITY FULL tables also
+carry ``_pgcdc_copy``, the copy number among identical rows, so the mirror keeps multiplicity.
+A mirror or history written before ``_pgcdc_key`` existed (no such column, some rows) is not
+continued, as its rows cannot be matched and may already be merged wrongly: writing to it raises
+``SinkError`` telling the user to move it away and reload the table from a fresh snapshot.
+
+Dates delta-rs cannot write (after year 262142: its statistics panic) go to ``_text`` like the
+values the decoder keeps as text; ``pgcdc.sinks.read`` reads BC and post-9999 dates back.
 
 Schema changes (``pgcdc.sinks.schema``): new columns are added; dropped columns stay in the
 Delta table: changelog and history rows written after the drop have null there, mirror rows keep
