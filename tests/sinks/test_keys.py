@@ -265,6 +265,22 @@ def test_date_arrays_delta_rs_cannot_hold(tmp_path: Path) -> None:
     assert _texts(sink.path(spec, SinkKind.CHANGELOG), ["id", "ds"]) == sorted(expected, key=str)
 
 
+def test_widening_a_key_column_of_a_table_with_bc_dates(tmp_path: Path) -> None:
+    """The rewrite a widening needs reads BC dates back; the widened key still matches."""
+    narrow = pa.schema([("id", pa.int16()), ("d", pa.date32())])
+    wide = pa.schema([("id", pa.int32()), ("d", pa.date32())])
+    sink = DeltaSink(tmp_path, app_id="t", kinds=ALL)
+    feed = Feed(_spec(narrow, ("id",)))
+    feed.add("insert", {"id": 1, "d": BC})
+    feed.add("insert", {"id": 2, "d": BC})
+    sink.write_batch(1, [(feed.spec, feed.take())])
+    feed.spec = _spec(wide, ("id",))
+    feed.add("update", {"id": 1, "d": 0})
+    feed.add("delete", old={"id": 2})
+    sink.write_batch(2, [(feed.spec, feed.take())])
+    _check(sink, feed.spec, [(1, 0)])
+
+
 def test_key_encoding_is_exact() -> None:
     """Distinct values get distinct keys, whatever their form; equal values equal keys."""
     strings = pa.array([None, "", "N", "V0:", "infinity", "infinity"])

@@ -270,7 +270,7 @@ def _ensure(
         write_deltalake(table, target.empty_table(), mode="append", schema_mode="merge")
     else:
         log.warning("%s: widening %s rewrites the table", path, widened)
-        data = align(table.to_pyarrow_table(), target)
+        data = align(dataset(table, storage_options).to_table(), target)
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
     table = DeltaTable(path, storage_options=storage_options)
     return table, table_schema(table)
@@ -340,16 +340,24 @@ def _read_target(
         raise UnresolvedToastError(
             f"{dspec.qualified_name}: column {column!r} of the change at LSN {lsn} is an "
             f"unchanged TOASTed value, but the Delta table has no row with its key "
-            f"({_describe(changes, version.row)}) to take it from; load the table's "
+            f"({_describe(dspec, changes, version.row)}) to take it from; load the table's "
             "initial snapshot before its changes, or set REPLICA IDENTITY FULL on it"
         )
     return found, rows
 
 
-def _describe(changes: pa.Table, row: int) -> str:
+def _describe(dspec: c.TableSpec, changes: pa.Table, row: int) -> str:
     """The key columns of change ``row`` as a user reads them, for error messages."""
-    old = changes.column(c.OLD)[row]
-    return str(old.as_py() if old.is_valid else changes.column(k.KEY)[row].as_py())
+    texts = dict(changes.column(c.TEXT)[row].as_py() or [])
+    shown = []
+    for name in dspec.key_columns:
+        scalar = changes.column(name)[row]
+        try:
+            value = texts.get(name, scalar.as_py())
+        except (OverflowError, ValueError):  # a date Python cannot hold
+            value = str(scalar.cast(pa.int64()).as_py()) + " days since 1970"
+        shown.append(f"{name}={value!r}")
+    return ", ".join(shown)
 
 
 def _key_rows(dspec: c.TableSpec, keys: Sequence[Key]) -> dict[str, pa.Array]:
