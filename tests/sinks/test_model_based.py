@@ -18,6 +18,7 @@ from pgcdc.events import ReplicaIdentity
 from pgcdc.sinks import DeltaSink, SinkKind, read_table
 from pgcdc.sinks.changes import TableSpec
 from pgcdc.sinks.delta import fold_history, fold_mirror, prepare
+from pgcdc.sinks.keys import identity_columns
 from pgcdc.sinks.plan import plan
 from tests.conftest import examples
 
@@ -105,8 +106,9 @@ def test_random_changes_in_random_batches(
                 # A replay of the batch just written must not change anything.
                 assert not any(r.applied for r in sink.write_batch(version, [(src.spec, batch)]))
         check_all(sink, src)
-        changelog = read_table(sink.path(src.spec, SinkKind.CHANGELOG))
-        assert sorted(changelog.column("_lsn").to_pylist()) == sorted(sent_lsns)
+        if sent_lsns:  # batches without changes create no table
+            changelog = read_table(sink.path(src.spec, SinkKind.CHANGELOG))
+            assert sorted(changelog.column("_lsn").to_pylist()) == sorted(sent_lsns)
 
 
 def _fold_equals_plan(spec: TableSpec, batch: pa.Table) -> bool:
@@ -120,7 +122,7 @@ def _fold_equals_plan(spec: TableSpec, batch: pa.Table) -> bool:
     p = plan(dspec, changes)
     assert history.starts.tolist() == [v.row for v in p.versions]
     assert history.ends.tolist() == [-1 if v.closed_by is None else v.closed_by for v in p.versions]
-    keys = dspec.key_columns
+    keys = identity_columns(dspec)  # rows are matched by their key encoding
     touched = zip(*(history.target_keys.column(k).to_pylist() for k in keys), strict=True)
     assert dict(zip(touched, history.target_ends.tolist(), strict=True)) == p.target_closed
     rows, deleted = mirror

@@ -50,6 +50,7 @@ ORIGIN = "_origin"
 UNCHANGED = "_unchanged"
 TEXT = "_text"
 OLD = "_old"
+OLD_TEXT = "_old_text"
 
 INSERT = "insert"
 UPDATE = "update"
@@ -73,8 +74,10 @@ METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(TEXT, TEXT_TYPE),
 )
 # Columns a change table may leave out: they read as all null.
-OPTIONAL_NAMES = frozenset({OLD, TEXT})
-METADATA_NAMES = frozenset(f.name for f in METADATA_FIELDS) | {OLD}
+OPTIONAL_NAMES = frozenset({OLD, TEXT, OLD_TEXT})
+# Names the mirror and history use for a row's identity (``pgcdc.sinks.keys``), reserved too.
+IDENTITY_NAMES = frozenset({"_pgcdc_key", "_pgcdc_copy", "_pgcdc_old_key", "_pgcdc_old_copy"})
+METADATA_NAMES = frozenset(f.name for f in METADATA_FIELDS) | {OLD, OLD_TEXT} | IDENTITY_NAMES
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,8 @@ class TableSpec:
 
     ``schema`` holds the table's columns in order with their Arrow types; ``key_columns`` is the
     replica identity the mirror and history tables are keyed by. With REPLICA IDENTITY FULL and
-    no primary key every column is the key, so identical duplicate rows collapse into one row of
-    the mirror (the changelog still has every change).
+    no primary key every column is the key, and the mirror and history number the copies of
+    identical rows (``pgcdc.sinks.keys``), so they hold as many as the source.
     """
 
     namespace: str
@@ -164,7 +167,7 @@ def change_schema(spec: TableSpec) -> pa.Schema:
     return pa.schema(
         [pa.field(f.name, f.type) for f in spec.schema]
         + list(METADATA_FIELDS)
-        + [pa.field(OLD, old_type(spec))]
+        + [pa.field(OLD, old_type(spec)), pa.field(OLD_TEXT, TEXT_TYPE)]
     )
 
 

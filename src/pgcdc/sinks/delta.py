@@ -4,19 +4,31 @@ Three kinds of table per source table, each optional:
 
 changelog
     Every change appended: the table's columns (new values), ``_op``, ``_commit_lsn``, ``_seq``,
-    ``_lsn``, ``_xid``, ``_commit_time``, ``_origin``, ``_unchanged`` and ``_old`` (a struct of
-    the table's columns). LSNs are Delta ``long`` (LSNs below 2**63; PostgreSQL would need
-    8 EiB of WAL to pass that). Unchanged TOASTed values stay null here, named in ``_unchanged``.
+    ``_lsn``, ``_xid``, ``_commit_time``, ``_origin``, ``_unchanged``, ``_old`` (a struct of
+    the table's columns) and ``_old_text`` (the text forms of ``_old``'s values). LSNs are
+    Delta ``long`` (LSNs below 2**63; PostgreSQL would need 8 EiB of WAL to pass that).
+    Unchanged TOASTed values stay null here, named in ``_unchanged``.
 mirror (SCD1)
     The current rows, keyed by the replica identity, plus ``_commit_lsn``, ``_commit_time`` and
-    ``_text`` of the change that last wrote each row. One MERGE per batch.
+    ``_text`` of the change that last wrote each row, and ``_pgcdc_key``. One MERGE per batch.
 history (SCD2)
     One row per version with ``_op`` (insert or update: what opened it), ``_valid_from_lsn``,
     ``_valid_to_lsn``, ``_valid_from_time``, ``_valid_to_time``, ``_is_current`` and ``_text``.
     LSNs are commit LSNs, so the state as of LSN L is ``_valid_from_lsn <= L < _valid_to_lsn``;
     an open version has ``_valid_to_lsn`` = 2**63-1 and ``_valid_to_time`` =
     9999-12-31 23:59:59.999999 UTC. A version replaced within its own transaction has an empty
-    interval (from = to).
+    interval (from = to). Also ``_pgcdc_key``.
+
+Rows of the mirror and history are matched by ``_pgcdc_key``, an exact encoding of the replica
+identity's values, typed or (where the typed column cannot hold them) text, never by the typed
+values, which may be null (``pgcdc.sinks.keys``). Keyless REPLICA IDENTITY FULL tables also
+carry ``_pgcdc_copy``, the copy number among identical rows, so the mirror keeps multiplicity.
+A mirror or history written before ``_pgcdc_key`` existed (no such column, some rows) is not
+continued, as its rows cannot be matched and may already be merged wrongly: writing to it raises
+``SinkError`` telling the user to move it away and reload the table from a fresh snapshot.
+
+Dates delta-rs cannot write (after year 262142: its statistics panic) go to ``_text`` like the
+values the decoder keeps as text; ``pgcdc.sinks.read`` reads BC and post-9999 dates back.
 
 Schema changes (``pgcdc.sinks.schema``): new columns (and the field the changelog's ``_old``
 gains with each) are added by a Delta schema change alone, no data file rewritten, and rows
@@ -47,11 +59,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pgcdc.errors import InvalidChangeBatch, LakePathError, UnresolvedToastError
+from pgcdc.errors import InvalidChangeBatch, LakePathError, SinkError, UnresolvedToastError
 from pgcdc.sinks import changes as c
+from pgcdc.sinks import keys as k
 from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
-from pgcdc.sinks.schema import align, delta_schema, evolve, normalize_read_type, to_delta
+from pgcdc.sinks.read import dataset
+from pgcdc.sinks.schema import (
+    align,
+    delta_schema,
+    evolve,
+    normalize_read_type,
+    park_unstorable,
+    to_delta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +111,7 @@ def prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table
     """Validate, convert to Delta types and order by (commit LSN, seq)."""
     normalized = c.normalize(spec, changes)
     dspec = replace(spec, schema=delta_schema(spec.schema))
-    arrays = []
+    arrays: dict[str, pa.Array] = {}
     for name in normalized.column_names:
         array = normalized.column(name).combine_chunks()
         if name in (c.COMMIT_LSN, c.LSN_COLUMN):
@@ -98,14 +119,54 @@ def prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table
                 raise InvalidChangeBatch(
                     f"{spec.qualified_name}: {name} beyond 2**63-1 cannot be stored as a Delta long"
                 )
-            arrays.append(array.cast(LSN_TYPE))
+            arrays[name] = array.cast(LSN_TYPE)
         else:
-            arrays.append(to_delta(array))
-    table = pa.Table.from_arrays(arrays, names=normalized.column_names)
+            arrays[name] = to_delta(array)
+    arrays = _park(dspec, arrays)
+    if dspec.key_columns:
+        arrays.update(_identity(dspec, arrays))
+    table = pa.Table.from_pydict(arrays)
     if _in_order(table):
         return dspec, table  # what the (stable) sort would return, without copying every column
     order = pc.sort_indices(table, sort_keys=[(c.COMMIT_LSN, "ascending"), (c.SEQ, "ascending")])
     return dspec, table.take(order)
+
+
+def _park(dspec: c.TableSpec, arrays: dict[str, pa.Array]) -> dict[str, pa.Array]:
+    """Values delta-rs cannot write typed moved to ``_text`` / ``_old_text``."""
+    names = dspec.schema.names
+    table, text = park_unstorable({n: arrays[n] for n in names}, arrays[c.TEXT])
+    old = arrays[c.OLD]
+    fields, old_text = park_unstorable(
+        {n: pc.struct_field(old, n) for n in names}, arrays[c.OLD_TEXT]
+    )
+    old = pa.StructArray.from_arrays(
+        [fields[n] for n in names], fields=list(old.type), mask=old.is_null()
+    )
+    return {**arrays, **table, c.TEXT: text, c.OLD: old, c.OLD_TEXT: old_text}
+
+
+def _identity(dspec: c.TableSpec, arrays: dict[str, pa.Array]) -> dict[str, pa.Array]:
+    """``_pgcdc_key`` of each change's new row and ``_pgcdc_old_key`` of its old row (null when
+    it has none). A key column the change did not send (unchanged TOAST) has its old value."""
+    old = arrays[c.OLD]
+    has_old = old.is_valid()
+    unchanged = arrays[c.UNCHANGED]
+    listed = pc.list_flatten(unchanged)
+    parents = pc.list_parent_indices(unchanged).to_numpy()
+    new_parts, old_parts = [], []
+    for name in dspec.key_columns:
+        new = k.framed(arrays[name], k.text_of(arrays[c.TEXT], name))
+        before = k.framed(pc.struct_field(old, name), k.text_of(arrays[c.OLD_TEXT], name))
+        rows = parents[pc.equal(listed, name).to_numpy(zero_copy_only=False)]
+        if len(rows):
+            mask = np.zeros(len(old), dtype=bool)
+            mask[rows] = True
+            new = pc.if_else(pc.and_(pa.array(mask), has_old), before, new)
+        new_parts.append(new)
+        old_parts.append(before)
+    old_key = pc.if_else(has_old, k.encode_framed(old_parts), pa.scalar(None, k.KEY_TYPE))
+    return {k.KEY: k.encode_framed(new_parts), k.OLD_KEY: old_key}
 
 
 def _in_order(table: pa.Table) -> bool:
@@ -125,7 +186,19 @@ def changelog_schema(dspec: c.TableSpec) -> pa.Schema:
         pa.field(f.name, LSN_TYPE if f.type == pa.uint64() else f.type) for f in c.METADATA_FIELDS
     ]
     meta = [pa.field(f.name, pa.int64() if f.type == pa.uint32() else f.type) for f in meta]
-    return pa.schema([*dspec.schema, *meta, pa.field(c.OLD, c.old_type(dspec))])
+    return pa.schema(
+        [
+            *dspec.schema,
+            *meta,
+            pa.field(c.OLD, c.old_type(dspec)),
+            pa.field(c.OLD_TEXT, c.TEXT_TYPE),
+        ]
+    )
+
+
+def _identity_fields(dspec: c.TableSpec) -> list[pa.Field]:
+    fields = [pa.field(k.KEY, k.KEY_TYPE)]
+    return [*fields, pa.field(k.COPY, k.COPY_TYPE)] if k.counts_copies(dspec) else fields
 
 
 def _mirror_schema(dspec: c.TableSpec) -> pa.Schema:
@@ -135,6 +208,7 @@ def _mirror_schema(dspec: c.TableSpec) -> pa.Schema:
             pa.field(c.COMMIT_LSN, LSN_TYPE),
             pa.field(c.COMMIT_TIME, c.COMMIT_TIME_TYPE),
             pa.field(c.TEXT, c.TEXT_TYPE),
+            *_identity_fields(dspec),
         ]
     )
 
@@ -150,6 +224,7 @@ def _history_schema(dspec: c.TableSpec) -> pa.Schema:
             pa.field(VALID_TO_TIME, c.COMMIT_TIME_TYPE),
             pa.field(IS_CURRENT, pa.bool_()),
             pa.field(c.TEXT, c.TEXT_TYPE),
+            *_identity_fields(dspec),
         ]
     )
 
@@ -199,7 +274,7 @@ def _ensure(
         write_deltalake(table, target.empty_table(), mode="append", schema_mode="merge")
     else:
         log.warning("%s: widening %s rewrites the table", path, widened)
-        data = align(table.to_pyarrow_table(), target)
+        data = align(dataset(table, storage_options).to_table(), target)
         write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
     table = DeltaTable(path, storage_options=storage_options)
     return table, table_schema(table)
@@ -239,9 +314,14 @@ def _execute(merger: Any, table: DeltaTable, schema: pa.Schema, commit: CommitPr
 
 
 def _key_predicate(dspec: c.TableSpec) -> str:
-    # Replica identity keys (primary key, USING INDEX) are NOT NULL; FULL keys may hold NULLs.
-    op = "IS NOT DISTINCT FROM" if dspec.old_is_full_row else "="
-    return " AND ".join(f"(t.{_quote(k)} {op} s.{_quote(k)})" for k in dspec.key_columns)
+    # Identity columns are never null.
+    return " AND ".join(f"(t.{_quote(n)} = s.{_quote(n)})" for n in k.identity_columns(dspec))
+
+
+def _key_in(keys: pa.Array) -> pc.Expression:
+    """``_pgcdc_key`` is one of ``keys``; cast, as files written by a MERGE hold binary_view,
+    which pyarrow's statistics filter cannot compare with binary."""
+    return pc.field(k.KEY).cast(k.KEY_TYPE).isin(keys)
 
 
 def _read_target(
@@ -256,17 +336,17 @@ def _read_target(
     """Pre-batch rows for ``keys`` (unchanged TOAST needs their values)."""
     if not keys:
         return None, {}
-    first = dspec.key_columns[0]
-    first_type = dspec.schema.field(first).type
-    predicate = pc.field(first).isin(pa.array(list({k[0] for k in keys}), first_type))
+    predicate = _key_in(pa.array(list({key[0] for key in keys}), k.KEY_TYPE))
     if current_only:
         predicate = predicate & (pc.field(IS_CURRENT) == pa.scalar(True))
     present = set(table_schema(table).names)
-    columns = [f.name for f in dspec.schema if f.name in present]
-    found = table.to_pyarrow_dataset().to_table(columns=columns, filter=predicate)
-    found = align(found, dspec.schema)
+    identity = k.identity_columns(dspec)
+    wanted = pa.schema([*dspec.schema, pa.field(c.TEXT, c.TEXT_TYPE), *_identity_fields(dspec)])
+    columns = [n for n in wanted.names if n in present]
+    found = dataset(table).to_table(columns=columns, filter=predicate)
+    found = align(found, wanted)
     rows: dict[Key, int] = {}
-    key_values = zip(*(found.column(k).to_pylist() for k in dspec.key_columns), strict=True)
+    key_values = zip(*(found.column(n).to_pylist() for n in identity), strict=True)
     for index, key in enumerate(key_values):
         rows.setdefault(key, index)
     missing = keys - rows.keys()
@@ -278,17 +358,33 @@ def _read_target(
         lsn = changes.column(c.LSN_COLUMN)[version.row].as_py()
         raise UnresolvedToastError(
             f"{dspec.qualified_name}: column {column!r} of the change at LSN {lsn} is an "
-            f"unchanged TOASTed value, but the Delta table has no row with key "
-            f"{dict(zip(dspec.key_columns, key, strict=True))} to take it from; load the table's "
+            f"unchanged TOASTed value, but the Delta table has no row with its key "
+            f"({_describe(dspec, changes, version.row)}) to take it from; load the table's "
             "initial snapshot before its changes, or set REPLICA IDENTITY FULL on it"
         )
     return found, rows
 
 
+def _describe(dspec: c.TableSpec, changes: pa.Table, row: int) -> str:
+    """The key columns of change ``row`` as a user reads them, for error messages."""
+    texts = dict(changes.column(c.TEXT)[row].as_py() or [])
+    shown = []
+    for name in dspec.key_columns:
+        scalar = changes.column(name)[row]
+        try:
+            value = texts.get(name, scalar.as_py())
+        except (OverflowError, ValueError):  # a date Python cannot hold
+            value = str(scalar.cast(pa.int64()).as_py()) + " days since 1970"
+        shown.append(f"{name}={value!r}")
+    return ", ".join(shown)
+
+
 def _key_rows(dspec: c.TableSpec, keys: Sequence[Key]) -> dict[str, pa.Array]:
+    """Identity columns of ``keys`` (identity tuples)."""
+    types = {k.KEY: k.KEY_TYPE, k.COPY: k.COPY_TYPE}
     return {
-        k: pa.array([key[i] for key in keys], dspec.schema.field(k).type)
-        for i, k in enumerate(dspec.key_columns)
+        name: pa.array([key[i] for key in keys], types[name])
+        for i, name in enumerate(k.identity_columns(dspec))
     }
 
 
@@ -312,27 +408,11 @@ def _write_changelog(
     )
 
 
-# Key types whose Arrow grouping equals Python equality of the values (no floats: -0.0/NaN).
-def _groupable(t: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_date(t)
-        or pa.types.is_timestamp(t)
-    )
-
-
 def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
     """The key events of an ordered batch without TRUNCATE or unchanged TOAST, in Arrow: one row
     per key a change touches, with ``__order`` = 2 * change row + (0: the old key goes, 1: the
-    new key is written). None: the batch needs ``plan`` (TOAST lineage,
-    TRUNCATE, a DELETE without key, float or nested keys)."""
-    keys = list(dspec.key_columns)
-    if not all(_groupable(dspec.schema.field(k).type) for k in keys):
-        return None
+    new key is written), keyed by the row's identity columns. None: the batch needs ``plan``
+    (TOAST lineage, TRUNCATE, a DELETE without key)."""
     ops = changes.column(c.OP).combine_chunks()
     if pc.any(pc.equal(ops, c.TRUNCATE)).as_py():
         return None
@@ -346,8 +426,10 @@ def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
     number = pa.array(np.arange(changes.num_rows, dtype=np.int64))
     gone = pc.or_(is_delete, pc.and_(pc.equal(ops, c.UPDATE), has_old))
     written = pc.invert(is_delete)
-    old_keys = pa.table({k: pc.struct_field(old, k) for k in keys}).filter(gone)
-    new_keys = changes.select(keys).filter(written)
+    old_keys = pa.table(
+        {n: changes.column(_OLD_IDENTITY[n]) for n in k.identity_columns(dspec)}
+    ).filter(gone)
+    new_keys = changes.select(list(k.identity_columns(dspec))).filter(written)
     order = pa.concat_arrays(
         [
             pc.multiply(number.filter(gone), 2),
@@ -359,6 +441,7 @@ def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
 
 
 _ORDER = "__order"
+_OLD_IDENTITY = {k.KEY: k.OLD_KEY, k.COPY: k.OLD_COPY}
 
 
 def _orders_by_key(dspec: c.TableSpec, changes: pa.Table, how: str) -> pa.Table | None:
@@ -367,7 +450,7 @@ def _orders_by_key(dspec: c.TableSpec, changes: pa.Table, how: str) -> pa.Table 
     events = _key_events(dspec, changes)
     if events is None:
         return None
-    keys = list(dspec.key_columns)
+    keys = list(k.identity_columns(dspec))
     return events.group_by(keys, use_threads=False).aggregate([(_ORDER, how)])
 
 
@@ -379,7 +462,7 @@ def fold_mirror(dspec: c.TableSpec, changes: pa.Table) -> tuple[pa.Array, pa.Tab
     last = _orders_by_key(dspec, changes, "max")
     if last is None:
         return None
-    keys = list(dspec.key_columns)
+    keys = list(k.identity_columns(dspec))
     final = last.column(f"{_ORDER}_max").to_numpy()
     upsert = (final % 2) == 1
     deleted = last.select(keys).filter(pa.array(~upsert))
@@ -408,7 +491,7 @@ def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
     grouped = _orders_by_key(dspec, changes, "list")
     if grouped is None:
         return None
-    keys = list(dspec.key_columns)
+    keys = list(k.identity_columns(dspec))
     lists = grouped.column(f"{_ORDER}_list").combine_chunks()
     orders = pc.list_flatten(lists).to_numpy()
     parents = pc.list_parent_indices(lists).to_numpy()
@@ -433,18 +516,63 @@ def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
     )
 
 
+def _rows(dspec: c.TableSpec, changes: pa.Table, rows: pa.Array) -> pa.Table:
+    """The table columns and ``_text`` of change ``rows``."""
+    taken = changes.select([*dspec.schema.names, c.TEXT]).take(rows)
+    schema = dspec.schema.append(pa.field(c.TEXT, c.TEXT_TYPE))
+    return pa.Table.from_arrays(
+        [taken.column(n).combine_chunks() for n in taken.column_names], schema=schema
+    )
+
+
+def _number_copies(
+    dspec: c.TableSpec, table: DeltaTable, changes: pa.Table, *, current_only: bool
+) -> pa.Table:
+    """``changes`` with the copy numbers of their new and old rows (``keys`` module docstring),
+    for keyless REPLICA IDENTITY FULL tables; other tables' rows are unique by their key."""
+    if not k.counts_copies(dspec):
+        return changes
+    ops: list[str] = changes.column(c.OP).to_pylist()
+    new: list[bytes] = changes.column(k.KEY).to_pylist()
+    old: list[bytes | None] = changes.column(k.OLD_KEY).to_pylist()
+    touched = {key for key, op in zip(new, ops, strict=True) if op in (c.INSERT, c.UPDATE)}
+    touched |= {key for key in old if key is not None}
+    counts: dict[bytes, int] = {}
+    if touched and _has_data(table):
+        predicate = _key_in(pa.array(list(touched), k.KEY_TYPE))
+        if current_only:
+            predicate = predicate & (pc.field(IS_CURRENT) == pa.scalar(True))
+        found = dataset(table).to_table(columns=[k.KEY], filter=predicate).column(k.KEY)
+        for key in found.to_pylist():
+            counts[key] = counts.get(key, 0) + 1
+    copies: list[int | None] = [None] * len(ops)
+    old_copies: list[int | None] = [None] * len(ops)
+    for row, op in enumerate(ops):
+        if op == c.TRUNCATE:
+            counts = {}
+            continue
+        gone = old[row]
+        if gone is not None and op in (c.UPDATE, c.DELETE):
+            old_copies[row] = counts.get(gone, 0)  # the highest copy goes
+            counts[gone] = max(old_copies[row] or 0, 1) - 1
+        if op == c.INSERT or (op == c.UPDATE and gone is not None):
+            counts[new[row]] = copies[row] = counts.get(new[row], 0) + 1
+        elif op == c.UPDATE:  # no old row sent: the row stays where it is
+            copies[row] = counts.setdefault(new[row], 1) or 1
+    changes = changes.append_column(k.COPY, pa.array(copies, k.COPY_TYPE))
+    return changes.append_column(k.OLD_COPY, pa.array(old_copies, k.COPY_TYPE))
+
+
 def _write_mirror(
     path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
 ) -> None:
     table, schema = _ensure(path, _mirror_schema(dspec), dspec, so)
+    changes = _number_copies(dspec, table, changes, current_only=False)
     folded = fold_mirror(dspec, changes)
     truncate_row: int | None = None
     if folded is not None:
         lineage_rows, deleted_keys = folded
-        rows = changes.select(dspec.schema.names).take(lineage_rows)
-        rows = pa.Table.from_arrays(
-            [rows.column(n).combine_chunks() for n in rows.column_names], schema=dspec.schema
-        )
+        rows = _rows(dspec, changes, lineage_rows)
         lineage: Sequence[int] = lineage_rows.to_pylist()
     else:
         p = plan(dspec, changes)
@@ -460,7 +588,8 @@ def _write_mirror(
         lineage = [v.row for v in upserts]
     rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
     rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
-    rows = rows.append_column(c.TEXT, _take(changes, c.TEXT, lineage))
+    for name in k.identity_columns(dspec):
+        rows = rows.append_column(name, _take(changes, name, lineage))
     if not _has_data(table):
         write_deltalake(
             path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
@@ -515,14 +644,12 @@ def _write_history(
     path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
 ) -> None:
     table, schema = _ensure(path, _history_schema(dspec), dspec, so)
+    changes = _number_copies(dspec, table, changes, current_only=True)
     folded = fold_history(dspec, changes)
     truncate_row: int | None = None
     if folded is not None:
         starts, ends = folded.starts, folded.ends
-        rows = changes.select(dspec.schema.names).take(pa.array(starts))
-        rows = pa.Table.from_arrays(
-            [rows.column(n).combine_chunks() for n in rows.column_names], schema=dspec.schema
-        )
+        rows = _rows(dspec, changes, pa.array(starts))
         closed_keys, closed_ends = folded.target_keys, folded.target_ends
     else:
         p = plan(dspec, changes)
@@ -549,7 +676,8 @@ def _write_history(
     rows = rows.append_column(VALID_FROM_TIME, changes.column(c.COMMIT_TIME).take(start_rows))
     rows = rows.append_column(VALID_TO_TIME, _ended(changes, c.COMMIT_TIME, ends, TIME_INFINITY))
     rows = rows.append_column(IS_CURRENT, pa.array(ends < 0, pa.bool_()))
-    rows = rows.append_column(c.TEXT, changes.column(c.TEXT).take(start_rows))
+    for name in k.identity_columns(dspec):
+        rows = rows.append_column(name, changes.column(name).take(start_rows))
     if (closed_keys.num_rows == 0 and truncate_row is None) or not _has_data(table):
         write_deltalake(
             path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
@@ -668,9 +796,25 @@ def _write_table(
             dspec, _ = prepared()
             _ensure(path, _SCHEMAS[kind](dspec), dspec, storage_options)
         return WriteResult(spec.qualified_name, kind, path, False, 0)
+    if existing is not None and kind is not SinkKind.CHANGELOG:
+        _check_keyed(path, spec, existing)
     dspec, batch = prepared()
     _WRITERS[kind](path, dspec, batch, _commit(app_id, version), storage_options)
     return WriteResult(spec.qualified_name, kind, path, True, batch.num_rows)
+
+
+def _check_keyed(path: str, spec: c.TableSpec, table: DeltaTable) -> None:
+    """A mirror or history written before rows were matched by ``_pgcdc_key`` cannot be
+    continued: its rows have no key to match, and may already have merged rows wrongly."""
+    names = table_schema(table).names
+    if k.KEY in names or not _has_data(table):
+        return
+    raise SinkError(
+        f"{path}: this {spec.qualified_name} table was written by an older pgcdc that matched "
+        f"rows by their typed key values (no {k.KEY} column), which can merge distinct rows; "
+        "rebuild it: move the table's directory away and load the table again from a fresh "
+        "snapshot (the changelog table is not affected)"
+    )
 
 
 class DeltaSink:

@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
 from pgcdc.lsn import LSN
 from pgcdc.sinks import changes as c
+from pgcdc.sinks import keys as k
 
+# A row's identity: (``_pgcdc_key``,) or (``_pgcdc_key``, ``_pgcdc_copy``) (``keys``).
 Key: TypeAlias = tuple[Any, ...]
 # ("new", row): the row's new value; ("old", row): its _old value; ("target", key): the value
 # the Delta table held for ``key`` before the batch.
@@ -60,22 +62,23 @@ class Plan:
 
 
 def _keys(table: pa.Table, columns: Sequence[str]) -> list[Key]:
-    return list(zip(*(table.column(k).to_pylist() for k in columns), strict=True))
+    return list(zip(*(table.column(n).to_pylist() for n in columns), strict=True))
 
 
-def _old_keys(table: pa.Table, columns: Sequence[str]) -> list[Key]:
-    old = table.column(c.OLD).combine_chunks()
-    return list(zip(*(pc.struct_field(old, k).to_pylist() for k in columns), strict=True))
+_OLD = {k.KEY: k.OLD_KEY, k.COPY: k.OLD_COPY}
 
 
 def plan(spec: c.TableSpec, changes: pa.Table) -> Plan:
-    """Walk a normalized, (commit LSN, seq)-ordered change table and plan its row versions."""
-    keys = spec.key_columns
-    key_set = set(keys)
+    """Walk a prepared, (commit LSN, seq)-ordered change table and plan its row versions.
+
+    Rows are identified by their identity columns (``keys.identity_columns``), which
+    ``delta.prepare`` computed, a key column not sent taken from the old row."""
+    key_set = set(spec.key_columns)
+    identity = k.identity_columns(spec)
     ops: list[str] = changes.column(c.OP).to_pylist()
     old_present: list[bool] = changes.column(c.OLD).is_valid().to_pylist()
-    new_keys = _keys(changes, keys)
-    old_keys = _old_keys(changes, keys)
+    new_keys = _keys(changes, identity)
+    old_keys = _keys(changes, [_OLD[n] for n in identity])
     lsns: list[int] = changes.column(c.LSN_COLUMN).to_pylist()
     unchanged_column = changes.column(c.UNCHANGED)
     has_unchanged = pc.greater(pc.list_value_length(unchanged_column), 0)
@@ -123,15 +126,11 @@ def plan(spec: c.TableSpec, changes: pa.Table) -> Plan:
         cols = unchanged.get(row, [])
         old_key = old_keys[row] if old_present[row] else None
         new_key = new_keys[row]
-        if key_set.intersection(cols):
-            if old_key is None:
-                raise UnresolvedToastError(
-                    f"{spec.qualified_name}: change at LSN {LSN(lsns[row])} did not send key "
-                    f"column(s) {sorted(key_set.intersection(cols))} (unchanged TOAST) nor an "
-                    "old key; set REPLICA IDENTITY FULL on the table so the server sends them"
-                )
-            new_key = tuple(
-                o if k in cols else n for k, o, n in zip(keys, old_key, new_key, strict=True)
+        if key_set.intersection(cols) and old_key is None:
+            raise UnresolvedToastError(
+                f"{spec.qualified_name}: change at LSN {LSN(lsns[row])} did not send key "
+                f"column(s) {sorted(key_set.intersection(cols))} (unchanged TOAST) nor an "
+                "old key; set REPLICA IDENTITY FULL on the table so the server sends them"
             )
         # An UPDATE without _old kept its key; an INSERT's "previous row" is any stale one.
         prev_key = old_key if old_key is not None and op == c.UPDATE else new_key
@@ -168,9 +167,10 @@ def assemble(
     target: pa.Table | None,
     target_rows: dict[Key, int],
 ) -> pa.Table:
-    """The table columns of ``versions``, each value taken from where its ``Source`` says.
+    """The table columns and ``_text`` of ``versions``, each value taken from where its
+    ``Source`` says, with its text form if it had one (``_old_text`` for an old value).
 
-    ``target`` holds the pre-batch rows ``target_rows`` points into (table columns only).
+    ``target`` holds the pre-batch rows ``target_rows`` points into (table columns, ``_text``).
     Vectorised: one ``take`` per column over [new values | old values | target values].
     """
     n = changes.num_rows
@@ -196,4 +196,38 @@ def assemble(
             else:
                 indices.append(2 * n + target_rows[where])
         arrays.append(pa.concat_arrays(parts).take(pa.array(indices, pa.int64())))
-    return pa.Table.from_arrays(arrays, schema=spec.schema)
+    arrays.append(_texts(changes, versions, target, target_rows))
+    return pa.Table.from_arrays(arrays, schema=spec.schema.append(pa.field(c.TEXT, c.TEXT_TYPE)))
+
+
+def _texts(
+    changes: pa.Table,
+    versions: Sequence[Version],
+    target: pa.Table | None,
+    target_rows: dict[Key, int],
+) -> pa.Array:
+    """``_text`` of each version: its change's entries, and for each column it takes from
+    elsewhere, that source's entry (a value kept only as text stays kept)."""
+    texts = changes.column(c.TEXT).combine_chunks()
+    taken = texts.take(pa.array([v.row for v in versions], pa.int64()))
+    if not any(v.sources for v in versions):
+        return taken
+    old_texts = changes.column(c.OLD_TEXT).combine_chunks()
+    target_texts = None if target is None else target.column(c.TEXT).combine_chunks()
+    merged: list[list[tuple[str, str]] | None] = []
+    for version, entries in zip(versions, taken.to_pylist(), strict=True):
+        if not version.sources:
+            merged.append(entries)
+            continue
+        kept = {name: text for name, text in entries or [] if name not in version.sources}
+        for name, (kind, where) in version.sources.items():
+            if kind == "new":
+                found = texts[where].as_py()
+            elif kind == "old":
+                found = old_texts[where].as_py()
+            else:
+                assert target_texts is not None
+                found = target_texts[target_rows[where]].as_py()
+            kept.update((n, t) for n, t in found or [] if n == name)
+        merged.append(list(kept.items()) or None)
+    return pa.array(merged, c.TEXT_TYPE)

@@ -22,9 +22,13 @@ inside the table's (a narrowing at the source) is written cast up. Anything else
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.decoding.values import PgDate, pg_text
 from pgcdc.errors import SchemaChangeError, SinkError
 from pgcdc.lsn import LSN
 
@@ -263,3 +267,68 @@ def _align_array(array: pa.Array, to: pa.DataType) -> pa.Array:
     if pa.types.is_null(array.type):
         return pa.nulls(len(array), to)
     return pc.cast(array, to, safe=True)
+
+
+# --- values delta-rs cannot hold typed -------------------------------------------------------
+
+# delta-rs computes file statistics with chrono, whose dates end at year +/-262142: a date32
+# beyond (PostgreSQL's dates reach 5874897 AD) makes it panic. Such dates go to the text map.
+DATE_DAYS_MIN = -96_465_292
+DATE_DAYS_MAX = 95_026_236
+_EPOCH_2000 = 10_957  # days from 1970-01-01 to 2000-01-01
+TEXT_TYPE = pa.map_(pa.string(), pa.string())
+
+
+def _days_type(t: pa.DataType) -> pa.DataType:
+    return pa.list_(pa.int32()) if pa.types.is_list(t) else pa.int32()
+
+
+def _pg_dates(value: Any) -> Any:
+    """Day numbers since 1970 (or lists of them) as ``PgDate`` values ``pg_text`` prints."""
+    if isinstance(value, list):
+        return [_pg_dates(v) for v in value]
+    return None if value is None else PgDate(value - _EPOCH_2000)
+
+
+def park_unstorable(
+    columns: dict[str, pa.Array], text: pa.Array
+) -> tuple[dict[str, pa.Array], pa.Array]:
+    """Date values delta-rs cannot write (in a date column or a date array), moved to ``text``
+    (a ``_text`` map) as PostgreSQL prints them, their typed value null, as the decoder does
+    with ``infinity``."""
+    extra: dict[int, list[tuple[str, str]]] = {}
+    out = dict(columns)
+    for name, array in columns.items():
+        listed = pa.types.is_list(array.type) and pa.types.is_date32(array.type.value_type)
+        if not (pa.types.is_date32(array.type) or listed) or array.null_count == len(array):
+            continue
+        days = (array.flatten() if listed else array).cast(pa.int32())
+        beyond = pc.fill_null(
+            pc.or_(pc.less(days, DATE_DAYS_MIN), pc.greater(days, DATE_DAYS_MAX)), False
+        )
+        if not pc.any(beyond).as_py():
+            continue
+        outside = beyond
+        if listed:  # the whole array value goes to text
+            parents = pc.list_parent_indices(array).filter(beyond).to_numpy()
+            mask = np.zeros(len(array), dtype=bool)
+            mask[parents] = True
+            outside = pa.array(mask)
+        rows = pc.indices_nonzero(outside).to_pylist()
+        taken = array.take(pa.array(rows, pa.int64()))
+        for row, value in zip(rows, taken.cast(_days_type(array.type)).to_pylist(), strict=True):
+            extra.setdefault(row, []).append((name, pg_text(_pg_dates(value))))
+        out[name] = pc.if_else(outside, pa.scalar(None, array.type), array)
+    if not extra:
+        return out, text
+    changed = sorted(extra)
+    merged = []
+    before = text.take(pa.array(changed, pa.int64())).to_pylist()
+    for row, entries in zip(changed, before, strict=True):
+        kept = [(k, v) for k, v in entries or [] if k not in {n for n, _ in extra[row]}]
+        merged.append(kept + extra[row])
+    index = list(range(len(text)))
+    for position, row in enumerate(changed):
+        index[row] = len(text) + position
+    both = pa.concat_arrays([text.cast(TEXT_TYPE), pa.array(merged, TEXT_TYPE)])
+    return out, both.take(pa.array(index, pa.int64()))

@@ -115,25 +115,28 @@ def _old_struct(
     old: pa.Array,
     options: ArrowOptions,
     types: Mapping[int, TypeInfo],
-) -> pa.StructArray:
-    """``_old``: the old key or row where the log has one, else null; typed like the row."""
+) -> tuple[pa.StructArray, pa.Array]:
+    """``_old``: the old key or row where the log has one, else null; typed like the row. And
+    ``_old_text``: the text forms of its values the typed fields cannot hold."""
     present = old.is_valid()
     width = len(table.columns)
     if old.null_count == len(old):
         schema = rows_to_arrow(table, [], options, types).schema
         struct = pa.struct([schema.field(i) for i in range(width)])
-        return pa.nulls(len(old), struct)
+        return pa.nulls(len(old), struct), pa.nulls(len(old), c.TEXT_TYPE)
     typed = _tuples_to_arrow(table, old.filter(present), options, types)
     fields = [
         pa.field(typed.schema.field(i).name, typed.schema.field(i).type) for i in range(width)
     ]
+    text = typed.column(options.text_column)
     if old.null_count == 0:
         children = [typed.column(i) for i in range(width)]
-        return pa.StructArray.from_arrays(children, fields=fields)
+        return pa.StructArray.from_arrays(children, fields=fields), text
     mask = present.to_numpy(zero_copy_only=False)
     where = pa.array(np.cumsum(mask) - 1, pa.int64(), mask=~mask)
     children = [typed.column(i).take(where) for i in range(width)]
-    return pa.StructArray.from_arrays(children, fields=fields, mask=pc.invert(present))
+    struct = pa.StructArray.from_arrays(children, fields=fields, mask=pc.invert(present))
+    return struct, text.take(where)
 
 
 def _typed(
@@ -154,7 +157,7 @@ def _typed(
         raise CorruptChangeLog("a change row the event requires is missing from the change log")
     width = len(table.columns)
     typed = _tuples_to_arrow(table, new, options, types)
-    old_struct = _old_struct(table, old, options, types)
+    old_struct, old_text = _old_struct(table, old, options, types)
     arrays = [typed.column(i) for i in range(width)]
     arrays += [
         ops,
@@ -167,11 +170,12 @@ def _typed(
         typed.column(options.unchanged_column),
         typed.column(options.text_column),
         old_struct,
+        old_text,
     ]
     schema = pa.schema(
         [typed.schema.field(i) for i in range(width)]
         + [pa.field(f.name, f.type, f.nullable) for f in c.METADATA_FIELDS]
-        + [pa.field(c.OLD, old_struct.type)]
+        + [pa.field(c.OLD, old_struct.type), pa.field(c.OLD_TEXT, c.TEXT_TYPE)]
     )
     return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -272,11 +276,12 @@ def _build(run: _Run, options: ArrowOptions, types: Mapping[int, TypeInfo]) -> T
         typed.column(options.unchanged_column),
         typed.column(options.text_column),
         old,
+        pc.if_else(old.is_valid(), olds.column(options.text_column), pa.scalar(None, c.TEXT_TYPE)),
     ]
     schema = pa.schema(
         [typed.schema.field(i) for i in range(width)]
         + [pa.field(f.name, f.type, f.nullable) for f in c.METADATA_FIELDS]
-        + [pa.field(c.OLD, old.type)]
+        + [pa.field(c.OLD, old.type), pa.field(c.OLD_TEXT, c.TEXT_TYPE)]
     )
     table = pa.Table.from_arrays(arrays, schema=schema)
     return TableChanges(run.table, (run.commit_lsn[0], run.seq[0]), table)
