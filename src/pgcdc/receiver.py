@@ -66,9 +66,23 @@ __all__ = [
 
 PLUGINS = ("pgoutput", "test_decoding")
 STREAMING_SINCE = 140000
-# The walsender's session settings that make text output parseable and stable: timestamps in
-# ISO form and UTC, intervals in the form pgcdc.decoding.values reads.
-SESSION_SETTINGS = (("DateStyle", "ISO"), ("IntervalStyle", "postgres"), ("TimeZone", "UTC"))
+# The session settings of every connection pgcdc reads values through (walsender, snapshot
+# COPY, SQL interface): each changes a type's text output, and a server, database or role
+# default (ALTER DATABASE ... SET) would otherwise alter values silently. Native logical
+# replication forces the first three plus client_encoding (libpqwalreceiver). Timestamps in ISO
+# form and UTC, intervals as pgcdc.decoding.values reads them, floats exact (extra_float_digits
+# 3: the shortest text that rounds back; 0 rounds 3.1415927 to 3.14159), bytea in hex.
+# lc_monetary is not forced: money is stored in units of the database's locale (forcing C
+# would rescale yen to cents); its text is read with money_fraction_digits (a mismatch is a
+# DecodeError, docs/types.md). lc_numeric, xmloption and standard_conforming_strings do not
+# change any type's output. These come last in ``options`` so they win over the user's.
+SESSION_SETTINGS = (
+    ("DateStyle", "ISO"),
+    ("IntervalStyle", "postgres"),
+    ("TimeZone", "UTC"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+)
 DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETTINGS))
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -315,6 +329,8 @@ class Receiver:
             options.conninfo,
             options=session_options(options.conninfo, options.session_settings),
             application_name=options.application_name,
+            # pgoutput converts values to the client encoding; the decoder reads UTF-8.
+            **({} if options.session_settings is None else {"client_encoding": "UTF8"}),
         )
         try:
             if options.create_slot and not self._slot_exists(conn):
