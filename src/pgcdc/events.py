@@ -305,13 +305,21 @@ class Relation:
 
 @dataclass(frozen=True, slots=True)
 class Type:
-    """A non-built-in type's name, sent before the first Relation that uses it."""
+    """A non-built-in type's name, sent before the first Relation that uses it.
+
+    pgoutput sends only the name; the receiver and the snapshot add what pg_type says (kind,
+    a domain's final base type and type modifier, an array's element type), so that readers of
+    the change log type the values as the decoder did. ``kind`` "" means not looked up."""
 
     lsn: LSN
     oid: int
     namespace: str
     name: str
     xid: int | None = None
+    kind: str = ""
+    base_oid: int = 0
+    element_oid: int = 0
+    base_modifier: int = -1
 
 
 # --- changes ---------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from psycopg._encodings import pg2pyenc
 from psycopg.conninfo import conninfo_to_dict
 
 from pgcdc.connection import preflight
+from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
 from pgcdc.decoding import Decoder
@@ -47,7 +48,7 @@ from pgcdc.decoding.pgoutput import (
 )
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse
-from pgcdc.events import Delete, Event, Insert, Message, RowRun, Truncate, Update
+from pgcdc.events import Delete, Event, Insert, Message, RowRun, Truncate, Type, Update
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
     AssemblyOptions,
@@ -312,6 +313,7 @@ class Receiver:
         self._next_flush = 0.0
         self._stream: ReplicationStream | None = None
         self._assembler: TransactionAssembler | None = None
+        self._types = TypeDescriber(options.conninfo, options.application_name)
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -420,6 +422,7 @@ class Receiver:
         finally:
             self._stream = None
             self._assembler = None
+            self._types.close()
             conn.close()
         self._publish(stopped_by)
         return self.progress
@@ -528,6 +531,11 @@ class Receiver:
                         if end_lsn is not None and lsn >= end_lsn:
                             return "end_lsn"
                         continue
+                    if type(event) is Type:  # rare: complete it from pg_type
+                        *rests_on, event = self._types.describe(event)
+                        for described in rests_on:
+                            for txn in feed(described, 0):
+                                store(txn)
                     completed = feed(event, size)
                     if completed:
                         for txn in completed:

@@ -9,6 +9,7 @@ replication can start at all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +17,23 @@ from typing import Any
 import psycopg
 
 from pgcdc.connection.server_errors import translated
-from pgcdc.decoding.pgtypes import TypeInfo
+from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
+from pgcdc.events import Type
+from pgcdc.lsn import LSN
 
-# Domains may rest on domains: follow typbasetype down to the first non-domain. A type is a
-# true array when it is variable-length and has an element type (PostgreSQL's own test, which
-# leaves out fixed-length types with typelem set, such as point or name).
+log = logging.getLogger(__name__)
+
+# Domains may rest on domains: follow typbasetype down to the first non-domain, keeping the
+# type modifier of the domain nearest the base that has one (only a domain over the base type
+# itself can: numeric(10,2)). A type is a true array when it is variable-length and has an
+# element type (PostgreSQL's own test, which leaves out fixed-length types with typelem set,
+# such as point or name).
 _TYPE_INFO = """
-WITH RECURSIVE chain (start, current, current_kind) AS (
-    SELECT t.oid, t.oid, t.typtype FROM pg_type t WHERE t.oid = ANY(%s::oid[])
+WITH RECURSIVE chain (start, current, current_kind, modifier) AS (
+    SELECT t.oid, t.oid, t.typtype, -1 FROM pg_type t WHERE t.oid = ANY(%s::oid[])
   UNION ALL
-    SELECT chain.start, base.oid, base.typtype
+    SELECT chain.start, base.oid, base.typtype,
+           CASE WHEN domain.typtypmod <> -1 THEN domain.typtypmod ELSE chain.modifier END
     FROM chain
     JOIN pg_type domain ON domain.oid = chain.current
     JOIN pg_type base ON base.oid = domain.typbasetype
@@ -33,7 +41,8 @@ WITH RECURSIVE chain (start, current, current_kind) AS (
 )
 SELECT t.oid::bigint, n.nspname::text, t.typname::text, t.typtype::text,
        CASE WHEN t.typtype = 'd' THEN base.oid::bigint ELSE 0 END,
-       CASE WHEN base.typlen = -1 AND base.typelem <> 0 THEN base.typelem::bigint ELSE 0 END
+       CASE WHEN base.typlen = -1 AND base.typelem <> 0 THEN base.typelem::bigint ELSE 0 END,
+       chain.modifier
 FROM chain
 JOIN pg_type base ON base.oid = chain.current
 JOIN pg_type t ON t.oid = chain.start
@@ -56,10 +65,88 @@ def type_info(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, T
         rows = conn.execute(_TYPE_INFO, (wanted,)).fetchall()
     return {
         oid: TypeInfo(
-            oid=oid, namespace=namespace, name=name, kind=kind, base_oid=base, element_oid=element
+            oid=oid,
+            namespace=namespace,
+            name=name,
+            kind=kind,
+            base_oid=base,
+            element_oid=element,
+            base_modifier=modifier,
         )
-        for oid, namespace, name, kind, base, element in rows
+        for oid, namespace, name, kind, base, element, modifier in rows
     }
+
+
+def type_closure(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, TypeInfo]:
+    """``type_info`` of ``oids`` and of every non-built-in type they rest on (a domain's base,
+    an array's element: an array of domains, a domain over an enum), which decoding needs too
+    but pgoutput names no Type message for."""
+    found: dict[int, TypeInfo] = {}
+    asked: set[int] = {0, *BY_OID}
+    wanted = {int(oid) for oid in oids} - asked
+    while wanted:
+        asked |= wanted
+        infos = type_info(conn, wanted)
+        found.update(infos)
+        wanted = {r for info in infos.values() for r in (info.base_oid, info.element_oid)} - asked
+    return found
+
+
+def type_event(info: TypeInfo, lsn: LSN, xid: int | None = None) -> Type:
+    """The Type event that carries ``info`` into the change log."""
+    return Type(
+        lsn,
+        info.oid,
+        info.namespace,
+        info.name,
+        xid,
+        kind=info.kind,
+        base_oid=info.base_oid,
+        element_oid=info.element_oid,
+        base_modifier=info.base_modifier,
+    )
+
+
+class TypeDescriber:
+    """Completes pgoutput's Type messages from pg_type, over an ordinary connection beside the
+    replication one (opened at the first Type message, which is rare: once per type and
+    session).
+
+    pgoutput names a type but not its kind, base or element; without them readers of the change
+    log would type a domain over numeric as a string. A domain's base type and modifier, an
+    array's element type and a type's kind cannot change while the type exists, so reading the
+    catalog now, not as of the message's LSN, gives the same answer; a type dropped meanwhile
+    keeps only its name (its values are then decoded as text) and a warning says so."""
+
+    def __init__(self, conninfo: str, application_name: str = "pgcdc") -> None:
+        self._conninfo = conninfo
+        self._application_name = application_name
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def describe(self, event: Type) -> list[Type]:
+        """``event`` with its pg_type facts, preceded by Type events for the non-built-in types
+        it rests on (pgoutput sends none for an array's element or a domain's base)."""
+        if self._conn is None:
+            with translated():
+                self._conn = psycopg.connect(
+                    self._conninfo, autocommit=True, application_name=self._application_name
+                )
+        infos = type_closure(self._conn, [event.oid])
+        if event.oid not in infos:
+            log.warning(
+                "type %s.%s (OID %d) is no longer in pg_type: its values are kept as text",
+                event.namespace,
+                event.name,
+                event.oid,
+            )
+            return [event]
+        first = [info for oid, info in infos.items() if oid != event.oid]
+        return [type_event(info, event.lsn, event.xid) for info in (*first, infos[event.oid])]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,7 @@ def type_to_dict(info: TypeInfo) -> dict[str, Any]:
         "kind": info.kind,
         "base_oid": info.base_oid,
         "element_oid": info.element_oid,
+        "base_modifier": info.base_modifier,
     }
 
 
@@ -142,6 +143,8 @@ def type_from_dict(data: Mapping[str, Any]) -> TypeInfo:
         kind=_str(data["kind"]),
         base_oid=_int(data["base_oid"]),
         element_oid=_int(data["element_oid"]),
+        # Absent from definitions written before it was recorded.
+        base_modifier=_int(data.get("base_modifier", -1)),
     )
 
 
