@@ -150,6 +150,11 @@ class SinkError(PgcdcError):
     """A batch of changes cannot be written to a Delta table as it stands."""
 
 
+class StaleRowsWarning(UserWarning):
+    """A source change the slot does not stream left rows of a Delta table stale (a column
+    added with a volatile default, which rewrote the table): re-copy that table."""
+
+
 class InvalidChangeBatch(SinkError, ValueError):
     """A change table does not follow the sink's input contract (``pgcdc.sinks.changes``)."""
 

@@ -237,6 +237,12 @@ class Column:
     is_key: bool = False
     # Plugins that send type names instead of OIDs (test_decoding) fill this in.
     type_name: str | None = None
+    # From pg_attribute, added by the receiver (pgoutput sends neither): the text of the value
+    # rows written before the column was added have (ADD COLUMN ... DEFAULT, kept in
+    # attmissingval; the slot sees no change for them), and whether the column has a default
+    # that is not such a value (a volatile default rewrote the table, or it has always had it).
+    missing: str | None = None
+    default_unseen: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,17 @@ from pgcdc.decoding.pgoutput import (
 )
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse
-from pgcdc.events import Delete, Event, Insert, Message, RowRun, Truncate, Type, Update
+from pgcdc.events import (
+    Delete,
+    Event,
+    Insert,
+    Message,
+    Relation,
+    RowRun,
+    Truncate,
+    Type,
+    Update,
+)
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
     AssemblyOptions,
@@ -313,7 +323,11 @@ class Receiver:
         self._next_flush = 0.0
         self._stream: ReplicationStream | None = None
         self._assembler: TransactionAssembler | None = None
-        self._types = TypeDescriber(options.conninfo, options.application_name)
+        self._types = TypeDescriber(
+            options.conninfo,
+            options.application_name,
+            session_options(options.conninfo, options.session_settings),
+        )
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -536,6 +550,11 @@ class Receiver:
                         for described in rests_on:
                             for txn in feed(described, 0):
                                 store(txn)
+                    elif type(event) is Relation:  # rare: add pg_attribute's defaults
+                        table = self._types.describe_relation(event.table)
+                        if table is not event.table:
+                            decoder.annotate_relation(table)  # type: ignore[attr-defined]
+                            event = replace(event, table=table)
                     completed = feed(event, size)
                     if completed:
                         for txn in completed:

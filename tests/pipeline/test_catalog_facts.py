@@ -5,14 +5,17 @@ base types, in the snapshot and in the stream."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from pgcdc import pipeline
+from pgcdc.errors import StaleRowsWarning
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
@@ -100,3 +103,68 @@ def test_domains_and_enums_keep_their_base_types(db: Database, tmp_path: Path, s
     history = _lake(tmp_path, "typed", SinkKind.HISTORY).to_pylist()
     first = [r for r in history if r["id"] == 1 and r["mood"] == "happy"]
     assert len(first) == 1 and str(first[0]["price"]) == "12.30"
+
+
+def _current(table: pa.Table, columns: list[str]) -> list[dict[str, Any]]:
+    if "_is_current" in table.column_names:
+        table = table.filter(table.column("_is_current"))
+    return sorted(table.select(columns).to_pylist(), key=lambda r: r["id"])
+
+
+def test_add_column_default_reaches_rows_the_slot_never_sent(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    db.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    db.execute("CREATE TABLE rewritten (id int PRIMARY KEY)")
+    db.execute("CREATE PUBLICATION pub FOR TABLE items, rewritten")
+    db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 4) g")
+    db.execute("INSERT INTO rewritten VALUES (1), (2)")
+    settings = _settings(db, tmp_path)
+    pipeline.run(settings, once=True, spark=spark)  # snapshot: the lake has rows 1-4
+    with db.connect() as conn:
+        # Changed before the column exists: this version is closed before it is added.
+        conn.execute("UPDATE items SET name = 'one' WHERE id = 1")
+        conn.execute("ALTER TABLE items ADD COLUMN n int DEFAULT 7")
+        conn.execute("ALTER TABLE items ADD COLUMN s text DEFAULT 'x'")
+        conn.execute("ALTER TABLE items ADD COLUMN t timestamptz DEFAULT now()")  # stable: once
+        conn.execute("ALTER TABLE items ADD COLUMN plain int")  # no default: null is right
+        # Rows 1 and 2 stay untouched; 3 is updated (explicit values); 4 gets an explicit NULL
+        # later; 5 is inserted with an explicit NULL.
+        conn.execute("UPDATE items SET name = 'three' WHERE id = 3")
+        conn.execute("UPDATE items SET n = NULL, s = NULL WHERE id = 4")
+        conn.execute("INSERT INTO items (id, name, n, s, t) VALUES (5, 'five', NULL, NULL, NULL)")
+        # A volatile default rewrites the table: no change reaches the slot.
+        conn.execute("ALTER TABLE rewritten ADD COLUMN r float8 DEFAULT random()")
+        conn.execute("INSERT INTO rewritten VALUES (3, 0.5)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipeline.run(settings, once=True, spark=spark)
+
+    columns = ["id", "name", "n", "s", "t", "plain"]
+    source = [
+        dict(zip(columns, row, strict=True))
+        for row in db.execute(f"SELECT {', '.join(columns)} FROM items ORDER BY id")
+    ]
+    assert [r["n"] for r in source] == [7, 7, 7, None, None]  # what a subscriber shows
+    assert source[0]["t"] is not None and source[0]["t"] == source[2]["t"]
+    for kind in (SinkKind.MIRROR, SinkKind.HISTORY):
+        lake = _current(_lake(tmp_path, "items", kind), columns)
+        for got, want in zip(lake, source, strict=True):
+            assert got == want, (kind, got, want)
+    # Versions closed before the column was added keep null (it did not exist then); those
+    # current when it was added (closed since by rows 3 and 4's changes) have its value.
+    history = _lake(tmp_path, "items", SinkKind.HISTORY)
+    closed = history.filter(pc.invert(history.column("_is_current")))
+    assert sorted(closed.select(["id", "n"]).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "n": None},
+        {"id": 3, "n": 7},
+        {"id": 4, "n": 7},
+    ]
+    changelog = _lake(tmp_path, "items", SinkKind.CHANGELOG)
+    before = changelog.filter(pc.less_equal(changelog.column("id"), 2))  # snapshot, id 1's update
+    assert before.num_rows == 3 and before.column("n").null_count == 3
+    # The rewrite the slot could not see is reported, naming the table and the remedy.
+    stale = [w for w in caught if issubclass(w.category, StaleRowsWarning)]
+    assert stale and all("public.rewritten" in str(w.message) for w in stale)
+    assert "Re-copy the table" in str(stale[0].message)
+    assert not any("public.items" in str(w.message) for w in stale)

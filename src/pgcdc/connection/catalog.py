@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
-from pgcdc.events import Type
+from pgcdc.decoding.values import TypeRegistry
+from pgcdc.events import Table, Type
 from pgcdc.lsn import LSN
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,33 @@ def type_closure(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int
     return found
 
 
+# Per live column: the value rows written before it was added have (attmissingval, a one-element
+# array printed by the session: its settings make the text what pgoutput would send), and
+# whether it has a default that is not such a value.
+_COLUMN_DEFAULTS = """
+SELECT a.attname::text,
+       CASE WHEN a.atthasmissing THEN a.attmissingval::text END,
+       a.atthasdef AND NOT a.atthasmissing
+FROM pg_attribute a
+WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped
+"""
+_TEXT_ARRAY = 1009
+
+
+def column_defaults(
+    conn: psycopg.Connection[Any], relation_oid: int
+) -> dict[str, tuple[str | None, bool]]:
+    """Column name -> (text of its missing value or None, whether it has another default)."""
+    with translated():
+        rows = conn.execute(_COLUMN_DEFAULTS, (relation_oid,)).fetchall()
+    parse = TypeRegistry().codec(_TEXT_ARRAY).text
+    result: dict[str, tuple[str | None, bool]] = {}
+    for name, missing, unseen in rows:
+        value = None if missing is None else parse(missing)[0]
+        result[name] = (value, bool(unseen))
+    return result
+
+
 def type_event(info: TypeInfo, lsn: LSN, xid: int | None = None) -> Type:
     """The Type event that carries ``info`` into the change log."""
     return Type(
@@ -118,20 +146,44 @@ class TypeDescriber:
     catalog now, not as of the message's LSN, gives the same answer; a type dropped meanwhile
     keeps only its name (its values are then decoded as text) and a warning says so."""
 
-    def __init__(self, conninfo: str, application_name: str = "pgcdc") -> None:
+    def __init__(self, conninfo: str, application_name: str = "pgcdc", options: str = "") -> None:
         self._conninfo = conninfo
         self._application_name = application_name
+        self._options = options  # the walsender's session settings: values print alike
         self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            with translated():
+                self._conn = psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    application_name=self._application_name,
+                    options=self._options,
+                    client_encoding="UTF8",
+                )
+        return self._conn
+
+    def describe_relation(self, table: Table) -> Table:
+        """``table`` with each column's missing value and unseen default (``Column.missing``,
+        ``default_unseen``); the same object when there are none. A column added with a
+        non-volatile default keeps its value in attmissingval until the table is rewritten,
+        so reading it now gives what rows that predate the column hold."""
+        defaults = column_defaults(self._connection(), table.oid)
+        columns = tuple(
+            replace(column, missing=found[0], default_unseen=found[1])
+            if (found := defaults.get(column.name)) is not None
+            else column
+            for column in table.columns
+        )
+        if columns == table.columns:
+            return table
+        return replace(table, columns=columns)
 
     def describe(self, event: Type) -> list[Type]:
         """``event`` with its pg_type facts, preceded by Type events for the non-built-in types
         it rests on (pgoutput sends none for an array's element or a domain's base)."""
-        if self._conn is None:
-            with translated():
-                self._conn = psycopg.connect(
-                    self._conninfo, autocommit=True, application_name=self._application_name
-                )
-        infos = type_closure(self._conn, [event.oid])
+        infos = type_closure(self._connection(), [event.oid])
         if event.oid not in infos:
             log.warning(
                 "type %s.%s (OID %d) is no longer in pg_type: its values are kept as text",

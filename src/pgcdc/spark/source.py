@@ -294,6 +294,7 @@ def spec_for(table: Table, changes_schema: pa.Schema) -> TableSpec:
         key_columns=tuple(col.name for col in table.key_columns),
         relation_lsn=LSN(0),
         replica_identity=table.replica_identity,
+        source_columns=table.columns,
     )
 
 
