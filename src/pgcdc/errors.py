@@ -151,8 +151,8 @@ class SinkError(PgcdcError):
 
 
 class StaleRowsWarning(UserWarning):
-    """A source change the slot does not stream left rows of a Delta table stale (a column
-    added with a volatile default, which rewrote the table): re-copy that table."""
+    """A source change the slot does not stream left rows downstream stale (a column added
+    with a volatile default, or ALTER COLUMN ... TYPE: both rewrite the table): re-copy it."""
 
 
 class InvalidChangeBatch(SinkError, ValueError):

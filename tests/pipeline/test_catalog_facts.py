@@ -15,7 +15,10 @@ import pyarrow.compute as pc
 import pytest
 
 from pgcdc import pipeline
+from pgcdc.changelog import ChangeLog
 from pgcdc.errors import StaleRowsWarning
+from pgcdc.lsn import LSN
+from pgcdc.receiver import Receiver, ReceiverOptions
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
@@ -168,3 +171,22 @@ def test_add_column_default_reaches_rows_the_slot_never_sent(
     assert stale and all("public.rewritten" in str(w.message) for w in stale)
     assert "Re-copy the table" in str(stale[0].message)
     assert not any("public.items" in str(w.message) for w in stale)
+
+
+def test_alter_column_type_in_a_session_is_reported(db: Database, tmp_path: Path) -> None:
+    db.execute("CREATE TABLE prices (id int PRIMARY KEY, v numeric(10, 2), note text)")
+    db.execute("CREATE PUBLICATION pub FOR TABLE prices")
+    db.execute("SELECT pg_create_logical_replication_slot('facts', 'pgoutput')")
+    db.execute("INSERT INTO prices VALUES (1, 1.25, 'a')")
+    db.execute("ALTER TABLE prices ALTER COLUMN v TYPE numeric(10, 0)")  # 1.25 becomes 1
+    db.execute("ALTER TABLE prices ALTER COLUMN note SET DEFAULT 'b'")  # no rewrite: quiet
+    db.execute("INSERT INTO prices VALUES (2, 2, 'c')")
+    end = LSN.parse(db.scalar("SELECT pg_current_wal_lsn()::text"))
+    options = ReceiverOptions(db.conninfo(), "facts", publications=("pub",), end_lsn=end)
+    with warnings.catch_warnings(record=True) as caught, ChangeLog(tmp_path).writer() as sink:
+        warnings.simplefilter("always")
+        Receiver(options, sink).run()
+    stale = [str(w.message) for w in caught if issubclass(w.category, StaleRowsWarning)]
+    assert len(stale) == 1
+    assert "public.prices: column(s) ['v'] changed type" in stale[0]
+    assert "Re-copy the table" in stale[0]

@@ -10,6 +10,7 @@ replication can start at all.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +20,7 @@ import psycopg
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
 from pgcdc.decoding.values import TypeRegistry
+from pgcdc.errors import StaleRowsWarning
 from pgcdc.events import Table, Type
 from pgcdc.lsn import LSN
 
@@ -151,6 +153,7 @@ class TypeDescriber:
         self._application_name = application_name
         self._options = options  # the walsender's session settings: values print alike
         self._conn: psycopg.Connection[Any] | None = None
+        self._seen: dict[int, Table] = {}  # the last definition of each table this session
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None:
@@ -169,6 +172,7 @@ class TypeDescriber:
         ``default_unseen``); the same object when there are none. A column added with a
         non-volatile default keeps its value in attmissingval until the table is rewritten,
         so reading it now gives what rows that predate the column hold."""
+        self._report_retyped(table)
         defaults = column_defaults(self._connection(), table.oid)
         columns = tuple(
             replace(column, missing=found[0], default_unseen=found[1])
@@ -179,6 +183,30 @@ class TypeDescriber:
         if columns == table.columns:
             return table
         return replace(table, columns=columns)
+
+    def _report_retyped(self, table: Table) -> None:
+        """Warn when a column changed type since this session's last definition of the table:
+        ALTER COLUMN ... TYPE rewrites every row without a logical change, so rows not changed
+        since keep their old values downstream. (A change between two sessions goes unseen.)"""
+        before = {c.name: c for c in self._seen.get(table.oid, Table("", "", ())).columns}
+        self._seen[table.oid] = table
+        retyped = [
+            c.name
+            for c in table.columns
+            if c.name in before
+            and (before[c.name].type_oid, before[c.name].type_modifier)
+            != (c.type_oid, c.type_modifier)
+        ]
+        if retyped:
+            message = (
+                f"{table.qualified_name}: column(s) {retyped} changed type (ALTER COLUMN ... "
+                "TYPE rewrites the table without logical changes): rows not changed since keep "
+                "their values as converted downstream, which may differ from the source's. "
+                "Re-copy the table: pgcdc cannot yet re-snapshot one table, so rebuild the "
+                "pipeline with a new slot and a fresh initial snapshot"
+            )
+            log.warning("%s", message)
+            warnings.warn(message, StaleRowsWarning, stacklevel=3)
 
     def describe(self, event: Type) -> list[Type]:
         """``event`` with its pg_type facts, preceded by Type events for the non-built-in types
