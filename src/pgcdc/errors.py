@@ -150,6 +150,11 @@ class SinkError(PgcdcError):
     """A batch of changes cannot be written to a Delta table as it stands."""
 
 
+class StaleRowsWarning(UserWarning):
+    """A source change the slot does not stream left rows downstream stale (a column added
+    with a volatile default, or ALTER COLUMN ... TYPE: both rewrite the table): re-copy it."""
+
+
 class InvalidChangeBatch(SinkError, ValueError):
     """A change table does not follow the sink's input contract (``pgcdc.sinks.changes``)."""
 

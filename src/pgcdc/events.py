@@ -237,6 +237,12 @@ class Column:
     is_key: bool = False
     # Plugins that send type names instead of OIDs (test_decoding) fill this in.
     type_name: str | None = None
+    # From pg_attribute, added by the receiver (pgoutput sends neither): the text of the value
+    # rows written before the column was added have (ADD COLUMN ... DEFAULT, kept in
+    # attmissingval; the slot sees no change for them), and whether the column has a default
+    # that is not such a value (a volatile default rewrote the table, or it has always had it).
+    missing: str | None = None
+    default_unseen: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,13 +311,21 @@ class Relation:
 
 @dataclass(frozen=True, slots=True)
 class Type:
-    """A non-built-in type's name, sent before the first Relation that uses it."""
+    """A non-built-in type's name, sent before the first Relation that uses it.
+
+    pgoutput sends only the name; the receiver and the snapshot add what pg_type says (kind,
+    a domain's final base type and type modifier, an array's element type), so that readers of
+    the change log type the values as the decoder did. ``kind`` "" means not looked up."""
 
     lsn: LSN
     oid: int
     namespace: str
     name: str
     xid: int | None = None
+    kind: str = ""
+    base_oid: int = 0
+    element_oid: int = 0
+    base_modifier: int = -1
 
 
 # --- changes ---------------------------------------------------------------------------------

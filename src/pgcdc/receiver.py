@@ -36,6 +36,7 @@ from psycopg._encodings import pg2pyenc
 from psycopg.conninfo import conninfo_to_dict
 
 from pgcdc.connection import preflight
+from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
 from pgcdc.decoding import Decoder
@@ -47,7 +48,17 @@ from pgcdc.decoding.pgoutput import (
 )
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse
-from pgcdc.events import Delete, Event, Insert, Message, RowRun, Truncate, Update
+from pgcdc.events import (
+    Delete,
+    Event,
+    Insert,
+    Message,
+    Relation,
+    RowRun,
+    Truncate,
+    Type,
+    Update,
+)
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
     AssemblyOptions,
@@ -66,9 +77,23 @@ __all__ = [
 
 PLUGINS = ("pgoutput", "test_decoding")
 STREAMING_SINCE = 140000
-# The walsender's session settings that make text output parseable and stable: timestamps in
-# ISO form and UTC, intervals in the form pgcdc.decoding.values reads.
-SESSION_SETTINGS = (("DateStyle", "ISO"), ("IntervalStyle", "postgres"), ("TimeZone", "UTC"))
+# The session settings of every connection pgcdc reads values through (walsender, snapshot
+# COPY, SQL interface): each changes a type's text output, and a server, database or role
+# default (ALTER DATABASE ... SET) would otherwise alter values silently. Native logical
+# replication forces the first three plus client_encoding (libpqwalreceiver). Timestamps in ISO
+# form and UTC, intervals as pgcdc.decoding.values reads them, floats exact (extra_float_digits
+# 3: the shortest text that rounds back; 0 rounds 3.1415927 to 3.14159), bytea in hex.
+# lc_monetary is not forced: money is stored in units of the database's locale (forcing C
+# would rescale yen to cents); its text is read with money_fraction_digits (a mismatch is a
+# DecodeError, docs/types.md). lc_numeric, xmloption and standard_conforming_strings do not
+# change any type's output. These come last in ``options`` so they win over the user's.
+SESSION_SETTINGS = (
+    ("DateStyle", "ISO"),
+    ("IntervalStyle", "postgres"),
+    ("TimeZone", "UTC"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+)
 DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETTINGS))
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -298,6 +323,11 @@ class Receiver:
         self._next_flush = 0.0
         self._stream: ReplicationStream | None = None
         self._assembler: TransactionAssembler | None = None
+        self._types = TypeDescriber(
+            options.conninfo,
+            options.application_name,
+            session_options(options.conninfo, options.session_settings),
+        )
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -315,6 +345,8 @@ class Receiver:
             options.conninfo,
             options=session_options(options.conninfo, options.session_settings),
             application_name=options.application_name,
+            # pgoutput converts values to the client encoding; the decoder reads UTF-8.
+            **({} if options.session_settings is None else {"client_encoding": "UTF8"}),
         )
         try:
             if options.create_slot and not self._slot_exists(conn):
@@ -404,6 +436,7 @@ class Receiver:
         finally:
             self._stream = None
             self._assembler = None
+            self._types.close()
             conn.close()
         self._publish(stopped_by)
         return self.progress
@@ -512,6 +545,16 @@ class Receiver:
                         if end_lsn is not None and lsn >= end_lsn:
                             return "end_lsn"
                         continue
+                    if type(event) is Type:  # rare: complete it from pg_type
+                        *rests_on, event = self._types.describe(event)
+                        for described in rests_on:
+                            for txn in feed(described, 0):
+                                store(txn)
+                    elif type(event) is Relation:  # rare: add pg_attribute's defaults
+                        table = self._types.describe_relation(event.table)
+                        if table is not event.table:
+                            decoder.annotate_relation(table)  # type: ignore[attr-defined]
+                            event = replace(event, table=table)
                     completed = feed(event, size)
                     if completed:
                         for txn in completed:

@@ -32,6 +32,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
 from pgcdc.errors import (
@@ -565,6 +566,9 @@ def _copy(
         # The snapshot's rows carry the time it was taken as their commit time (the sinks
         # record one for every change).
         taken_at = planner.execute("SELECT now()").fetchone()
+        # The non-built-in column types, as the receiver logs them from pgoutput's Type
+        # messages, so that the snapshot's rows are typed as the stream's are.
+        types = type_closure(planner, {c.type_oid for s in specs for c in s.table.columns})
         planner.rollback()
     chunks = plan_chunks(specs, chunk_pages)
     lsn = LSN(consistent_point)
@@ -578,6 +582,8 @@ def _copy(
     )
 
     def events() -> Iterator[Event]:
+        for info in types.values():
+            yield type_event(info, lsn)
         for spec in specs:
             yield Relation(lsn, spec.table)
         yield from copier.events()

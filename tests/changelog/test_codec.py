@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 
-from pgcdc.changelog.codec import SCHEMA, BatchBuilder, decode, encode
+from pgcdc.changelog.codec import SCHEMA, BatchBuilder, LogState, decode, encode, type_info_of
+from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.errors import UnloggableInput
 from pgcdc.events import (
     UNCHANGED_TOAST,
@@ -54,6 +55,8 @@ EVERY_KIND = [
     txn(
         0x100,
         Type(LSN(0x10), 90000, "public", "mood", 7),
+        Type(LSN(0x10), 90001, "public", "price", 7, "d", 1700, 0, 655366),
+        Type(LSN(0x10), 90002, "public", "_price", 7, "b", 0, 90001),
         Relation(LSN(0x11), TABLE, 7),
         Insert(LSN(0x12), TABLE, ("1", "text é \udcff", b"\x00\x01bin"), 7),
         Update(LSN(0x13), TABLE, ("1", UNCHANGED_TOAST, None), ("1",), True),
@@ -86,12 +89,45 @@ def test_every_event_kind_round_trips_exactly():
     assert [type(v) for v in empty] == [str, bytes, str]
 
 
+def test_type_facts_are_logged_and_logs_without_them_still_read():
+    """What pg_type says of a type reaches readers (LogState, Spark's TypeInfos); a log written
+    before those columns existed reads its Type rows as names only."""
+    batch = encode(EVERY_KIND[:1])
+    state = LogState()
+    for event in next(decode([batch])).events:
+        state.observe(event)
+    assert state.types[90001] == TypeInfo(90001, "public", "price", "d", 1700, 0, 655366)
+    assert state.types[90002] == TypeInfo(90002, "public", "_price", "b", 0, 90001)
+    assert LogState.from_dict(state.to_dict()) == state
+    old_columns = [n for n in SCHEMA.names if n not in _TYPE_FACTS]
+    old = pa.RecordBatch.from_arrays([batch.column(n) for n in old_columns], names=old_columns)
+    [restored] = decode([old])
+    types = [e for e in restored.events if isinstance(e, Type)]
+    assert [(t.oid, t.name, t.kind, t.base_oid, t.base_modifier) for t in types] == [
+        (90000, "mood", "", 0, -1),
+        (90001, "price", "", 0, -1),
+        (90002, "_price", "", 0, -1),
+    ]
+    assert type_info_of(types[1]) == TypeInfo(90001, "public", "price")
+    assert list(restored.events)[len(types) :] == list(EVERY_KIND[0].events)[len(types) :]
+    # A segment header's state written before base_modifier was recorded.
+    data = state.to_dict()
+    for info in data["types"]:
+        del info["base_modifier"]
+    assert LogState.from_dict(data).types[90001].base_modifier == -1
+
+
+_TYPE_FACTS = ("type_kind", "type_base_oid", "type_element_oid", "type_base_modifier")
+
+
 def test_rows_are_readable_as_arrow():
     """The Spark side reads raw columns; they hold what the events hold."""
     batch = encode(EVERY_KIND[:1])
     rows = batch.to_pylist()
-    assert [r["kind"] for r in rows[:4]] == ["type", "relation", "insert", "update"]
-    insert = rows[2]
+    assert [r["kind"] for r in rows[:6]] == ["type"] * 3 + ["relation", "insert", "update"]
+    assert (rows[1]["type_kind"], rows[1]["type_base_oid"]) == ("d", 1700)
+    assert rows[1]["type_base_modifier"] == 655366 and rows[2]["type_element_oid"] == 90001
+    insert = rows[4]
     assert insert["relation_oid"] == TABLE.oid and insert["name"] == "accounts"
     # Rows are pgoutput TupleData: int16 ncols, then kind (+ int32 length + bytes).
     text = "text é \udcff".encode("utf-8", "surrogatepass")
@@ -101,9 +137,9 @@ def test_rows_are_readable_as_arrow():
         + b"t" + len(text).to_bytes(4, "big") + text
         + b"b\x00\x00\x00\x05\x00\x01bin"
     )  # fmt: skip
-    assert rows[3]["new"] == b"\x00\x03t\x00\x00\x00\x011un"
-    assert rows[3]["old_is_key"] is True
-    assert rows[7]["truncate_relations"] == [TABLE.oid, OTHER.oid]
+    assert rows[5]["new"] == b"\x00\x03t\x00\x00\x00\x011un"
+    assert rows[5]["old_is_key"] is True
+    assert rows[9]["truncate_relations"] == [TABLE.oid, OTHER.oid]
     assert [r["seq"] for r in rows] == list(range(len(rows)))
     # One table definition per distinct table, however many rows refer to it.
     assert len(batch.column("table").dictionary) == 2

@@ -7,7 +7,7 @@ import uuid
 import psycopg
 import pytest
 
-from pgcdc.connection.catalog import server_facts, type_info
+from pgcdc.connection.catalog import column_defaults, server_facts, type_closure, type_info
 from pgcdc.connection.sql import create_logical_slot, drop_slot
 from pgcdc.decoding.pgtypes import BY_NAME
 from tests.conftest import Database
@@ -142,3 +142,58 @@ def test_server_facts_for_an_unprivileged_role(db: Database, replication: bool) 
     else:
         assert facts.wal_senders_used is None and facts.free_wal_senders is None
     assert facts.wal_level == "logical"
+
+
+def test_type_closure_adds_what_types_rest_on_and_modifiers(db: Database) -> None:
+    with db.connect() as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'happy')")
+        conn.execute("CREATE DOMAIN feeling AS mood")
+        conn.execute("CREATE DOMAIN price AS numeric(10, 2)")
+        conn.execute("CREATE DOMAIN dear AS price CHECK (VALUE > 100)")
+        oids = {n: _oid(conn, n) for n in ("mood", "feeling", "price", "dear", "feeling[]")}
+        found = type_closure(conn, [oids["feeling[]"], oids["dear"], INT4])
+        typmod = conn.execute("SELECT typtypmod FROM pg_type WHERE oid = %s", (oids["price"],))
+        [(price_modifier,)] = typmod.fetchall()
+    # The array's element (a domain) and that domain's base (an enum) come along; built-ins
+    # and the intermediate domain (dear's final base is numeric) do not.
+    assert set(found) == {oids["feeling[]"], oids["feeling"], oids["mood"], oids["dear"]}
+    assert found[oids["feeling[]"]].element_oid == oids["feeling"]
+    assert found[oids["feeling"]].base_oid == oids["mood"] and found[oids["mood"]].kind == "e"
+    dear = found[oids["dear"]]
+    assert (dear.base_oid, dear.base_modifier) == (BY_NAME["numeric"].oid, price_modifier)
+    assert price_modifier == ((10 << 16) | 2) + 4
+
+
+def test_column_defaults_reads_missing_values_and_unseen_defaults(db: Database) -> None:
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE t (id serial PRIMARY KEY, plain int)")
+        conn.execute("INSERT INTO t (plain) VALUES (1)")
+        conn.execute("ALTER TABLE t ADD COLUMN n int DEFAULT 7")
+        conn.execute("ALTER TABLE t ADD COLUMN s text DEFAULT 'a \"b\", {c}'")
+        conn.execute("ALTER TABLE t ADD COLUMN nothing text DEFAULT NULL")
+        conn.execute("ALTER TABLE t ADD COLUMN r float8 DEFAULT random()")  # rewrites
+        conn.execute("ALTER TABLE t ADD COLUMN gone int DEFAULT 1")
+        conn.execute("ALTER TABLE t DROP COLUMN gone")
+        oid = _oid(conn, "int4")  # any OID that is no table: nothing
+        assert column_defaults(conn, oid) == {}
+        [(table,)] = conn.execute("SELECT 't'::regclass::oid::bigint").fetchall()
+        found = column_defaults(conn, table)
+    assert found == {
+        "id": (None, True),  # serial: nextval() default, not a missing value
+        "plain": (None, False),
+        "n": (None, True),  # the random() rewrite stored every value and cleared the rest
+        "s": (None, True),
+        "nothing": (None, False),
+        "r": (None, True),
+    }
+
+
+def test_column_defaults_before_a_rewrite(db: Database) -> None:
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("ALTER TABLE t ADD COLUMN n int DEFAULT 7")
+        conn.execute("ALTER TABLE t ADD COLUMN s text DEFAULT 'a \"b\", {c}'")
+        [(table,)] = conn.execute("SELECT 't'::regclass::oid::bigint").fetchall()
+        found = column_defaults(conn, table)
+    assert found == {"id": (None, False), "n": ("7", False), "s": ('a "b", {c}', False)}

@@ -3,6 +3,7 @@ settings with None, any given settings otherwise; bad names are a typed error (P
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,8 @@ def test_session_options_escape_values() -> None:
     assert session_options("dbname=x", {"search_path": "a b\\c"}) == r"-c search_path=a\ b\\c"
     assert session_options("dbname=x", None) == ""
     assert session_options("dbname=x") == (
-        "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC"
+        "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c extra_float_digits=3 "
+        "-c bytea_output=hex"
     )
 
 
@@ -70,3 +72,75 @@ def test_session_options_escape_values() -> None:
 def test_bad_settings_are_a_typed_error(settings: dict[str, object], complaint: str) -> None:
     with pytest.raises(InvalidOption, match=complaint):
         ReceiverOptions("dbname=x", "s", publications=("p",), session_settings=settings)  # type: ignore[arg-type]
+
+
+# Database defaults that each change a type's text output; the receiver, the snapshot and the
+# SQL interface must not let any of them alter a value.
+_HOSTILE_DEFAULTS = {
+    "extra_float_digits": "0",
+    "DateStyle": "SQL, DMY",
+    "IntervalStyle": "sql_standard",
+    "TimeZone": "America/St_Johns",  # LMT offset -03:30:52 before 1935
+    "bytea_output": "escape",
+}
+_COLUMNS = ("f4", "f8", "d", "ts", "tz", "iv", "b", "m")
+_ROW = (
+    "%s, 3.1415927::float4, 2.718281828459045::float8, '2024-02-29', "
+    "'2024-02-29 23:30:00.123456', '1900-01-01 12:00:00.5+00', "
+    "'1 year 2 mons -3 days 04:05:06.789', '\\x00ff5c27'::bytea, 1234.56"
+)
+
+
+def _as_held(db: Database) -> dict[int, tuple[str, ...]]:
+    """Each row's values as text in a session of our own: ISO, UTC, exact floats, hex."""
+    forced = (
+        "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c extra_float_digits=3 "
+        "-c bytea_output=hex"
+    )
+    with db.connect(options=forced) as conn:
+        rows = conn.execute(
+            f"SELECT id, {', '.join(f'{c}::text' for c in _COLUMNS)} FROM vals ORDER BY id"
+        ).fetchall()
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def test_database_defaults_do_not_alter_values(
+    db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pgcdc.cli.main import main
+    from pgcdc.snapshot import take_snapshot
+
+    for name, value in _HOSTILE_DEFAULTS.items():
+        db.execute(f"ALTER DATABASE \"{db.name}\" SET {name} = '{value}'")
+    db.execute(
+        "CREATE TABLE vals (id int PRIMARY KEY, f4 float4, f8 float8, d date, ts timestamp, "
+        "tz timestamptz, iv interval, b bytea, m money)"
+    )
+    db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    db.execute(f"INSERT INTO vals VALUES ({_ROW % 1})")
+    with db.connect() as conn:  # the hostile defaults are in force in a plain session
+        assert conn.execute("SELECT f4::text FROM vals").fetchone() == ("3.14159",)
+    # A user's own options are kept (application_name is not ours) and ours still win.
+    conninfo = db.conninfo(options="-c extra_float_digits=-2 -c application_name=mine")
+    with ChangeLog(tmp_path).writer() as sink:
+        take_snapshot(conninfo, slot="s", sink=sink, publications=("pub",))
+        db.execute(f"INSERT INTO vals VALUES ({_ROW % 2})")
+        with db.connect() as conn:
+            end = current_lsn(conn)
+        Receiver(ReceiverOptions(conninfo, "s", publications=("pub",), end_lsn=end), sink).run()
+    held = _as_held(db)
+    logged = {row[0]: row[1:] for _, changes in logged_facts(tmp_path) for _, _, row in changes}
+    assert sorted(logged) == ["1", "2"]  # 1 from the snapshot, 2 from the stream
+    for key, values in logged.items():
+        for column, got, want in zip(_COLUMNS, values, held[int(key)], strict=True):
+            assert (column, got) == (column, want)
+    assert held[1][0] == "3.1415927" and held[1][4] == "1900-01-01 12:00:00.5+00"
+    # The SQL interface (pgcdc peek) prints them as held too.
+    db.execute("SELECT pg_create_logical_replication_slot('td', 'test_decoding')")
+    db.execute(f"INSERT INTO vals VALUES ({_ROW % 3})")
+    assert main(["peek", "-d", conninfo, "-S", "td", "-o", "include-xids=0"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "INSERT" in line]
+    held = _as_held(db)
+    for column, value in zip(_COLUMNS, held[3], strict=True):
+        shown = value if column in ("f4", "f8") else f"'{value}'"
+        assert re.search(rf" {column}\[[^\]]+\]:{re.escape(shown)}( |$)", line), (column, line)

@@ -116,6 +116,12 @@ SCHEMA = pa.schema(
         pa.field("type_oid", pa.uint32()),
         pa.field("type_namespace", pa.string()),
         pa.field("type_name", pa.string()),
+        # What pg_type says of it (events.Type); absent from logs written before they were
+        # recorded, which read as "not looked up".
+        pa.field("type_kind", pa.string()),
+        pa.field("type_base_oid", pa.uint32()),
+        pa.field("type_element_oid", pa.uint32()),
+        pa.field("type_base_modifier", pa.int32()),
     ],
     metadata={"pgcdc.changelog.format": str(FORMAT_VERSION)},
 )
@@ -136,6 +142,20 @@ def type_from_dict(data: dict[str, Any]) -> TypeInfo:
         return decoder_state.type_from_dict(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptChangeLog(f"damaged type definition in the change log: {exc!r}") from None
+
+
+def type_info_of(event: Type) -> TypeInfo:
+    """The TypeInfo a logged Type event stands for: what the receiver learnt from pg_type, or
+    only the name (an unknown kind decodes as text) when it was not looked up."""
+    return TypeInfo(
+        event.oid,
+        event.namespace,
+        event.name,
+        kind=event.kind or "b",
+        base_oid=event.base_oid,
+        element_oid=event.element_oid,
+        base_modifier=event.base_modifier,
+    )
 
 
 def _json(value: Any) -> str:
@@ -159,7 +179,7 @@ class LogState:
         if isinstance(event, Relation):
             self.relations[event.table.oid] = event.table
         elif isinstance(event, Type):
-            self.types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+            self.types[event.oid] = type_info_of(event)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,6 +219,12 @@ def _row_data(row: Row) -> bytes:
 def _uint(value: int | None, bits: int, what: str) -> int | None:
     if value is not None and not (isinstance(value, int) and 0 <= value < 1 << bits):
         raise UnloggableInput(f"{what} {value!r} does not fit the change log (a {bits}-bit uint)")
+    return value
+
+
+def _int32(value: int, what: str) -> int:
+    if not (isinstance(value, int) and -(1 << 31) <= value < 1 << 31):
+        raise UnloggableInput(f"{what} {value!r} does not fit the change log (a 32-bit int)")
     return value
 
 
@@ -764,6 +790,10 @@ def _sparse_fields(event: Event) -> dict[str, Any]:
         "type_oid": _uint(event.oid, 32, "type oid"),
         "type_namespace": _text(event.namespace, "type namespace"),
         "type_name": _text(event.name, "type name"),
+        "type_kind": _text(event.kind, "type kind") or None,
+        "type_base_oid": _uint(event.base_oid, 32, "type base oid"),
+        "type_element_oid": _uint(event.element_oid, 32, "type element oid"),
+        "type_base_modifier": _int32(event.base_modifier, "type modifier"),
     }
 
 
@@ -846,7 +876,13 @@ def decode_rows(batch: pa.RecordBatch) -> Iterator[DecodedRow]:
     """The events in ``batch`` (a ``SCHEMA`` batch), each with its transaction's fields."""
     if batch.num_rows == 0:
         return
-    col = {name: batch.column(name) for name in SCHEMA.names}
+    # Columns added to SCHEMA since a segment was written read as nulls.
+    col = {
+        name: batch.column(name)
+        if name in batch.schema.names
+        else pa.nulls(batch.num_rows, SCHEMA.field(name).type)
+        for name in SCHEMA.names
+    }
     py = {
         name: col[name].to_pylist()
         for name in SCHEMA.names
@@ -894,8 +930,17 @@ def decode_rows(batch: pa.RecordBatch) -> Iterator[DecodedRow]:
                     xid,
                 )
             elif kind == "type":
+                modifier = py["type_base_modifier"][i]
                 event = Type(
-                    lsn, py["type_oid"][i], py["type_namespace"][i], py["type_name"][i], xid
+                    lsn,
+                    py["type_oid"][i],
+                    py["type_namespace"][i],
+                    py["type_name"][i],
+                    xid,
+                    kind=py["type_kind"][i] or "",
+                    base_oid=py["type_base_oid"][i] or 0,
+                    element_oid=py["type_element_oid"][i] or 0,
+                    base_modifier=-1 if modifier is None else modifier,
                 )
             else:
                 raise CorruptChangeLog(f"unknown event kind {kind!r} in the change log")
@@ -969,4 +1014,5 @@ __all__ = [
     "encode",
     "table_from_dict",
     "table_to_dict",
+    "type_info_of",
 ]

@@ -23,6 +23,7 @@ from pgcdc.cli.common import (
 from pgcdc.connection import sql
 from pgcdc.connection.server_errors import translated
 from pgcdc.errors import InvalidArgument
+from pgcdc.receiver import session_options
 
 
 def register(subparsers: Any) -> None:
@@ -61,7 +62,13 @@ def run(args: argparse.Namespace) -> int:
         "options": options,
     }
     rows: list[tuple[Any, int, str | bytes]]
-    with translated(), psycopg.connect(conninfo, autocommit=True) as conn:
+    # The receiver's session settings: values print as its walsender (and the snapshot) print
+    # them, whatever the database's or role's defaults (extra_float_digits, DateStyle, ...).
+    session = session_options(conninfo)
+    with (
+        translated(),
+        psycopg.connect(conninfo, autocommit=True, options=session, client_encoding="UTF8") as conn,
+    ):
         if args.binary:
             read_binary = sql.get_binary_changes if args.consume else sql.peek_binary_changes
             rows = list(read_binary(conn, args.slot, **kwargs))

@@ -148,6 +148,8 @@ def _decimal_type(type_modifier: int) -> pa.DataType | None:
 def _arrow_type(
     resolved: ResolvedType, type_modifier: int, registry: TypeRegistry, options: ArrowOptions
 ) -> pa.DataType:
+    if type_modifier == -1:  # a domain's column: the domain's own modifier, if any
+        type_modifier = resolved.type_modifier
     name = resolved.name
     if name in ("array", "vector") and resolved.element is not None:
         return pa.list_(_arrow_type(resolved.element, type_modifier, registry, options))

@@ -552,6 +552,11 @@ class PgOutputDecoder:
             table = cached
         return Relation(lsn, table, xid)
 
+    def annotate_relation(self, table: Table) -> None:
+        """Use ``table`` (the last Relation's table with catalog facts added, same OID and
+        columns) for the changes that follow, so they carry those facts too."""
+        self._relations[table.oid] = table
+
     def _type(self, buf: bytes, lsn: LSN) -> Event:
         xid, pos = self._stream_xid(buf)
         (oid,) = _U32(buf, pos)

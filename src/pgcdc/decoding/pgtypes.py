@@ -711,3 +711,6 @@ class TypeInfo:
     # A domain's base type; for arrays, the element type. 0 when not known.
     base_oid: int = 0
     element_oid: int = 0
+    # A domain's type modifier (pg_type.typtypmod, e.g. numeric(10,2)): its columns' own
+    # atttypmod is -1, so the Arrow type (decimal precision and scale) comes from here.
+    base_modifier: int = -1

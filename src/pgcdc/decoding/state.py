@@ -96,6 +96,9 @@ def table_to_dict(table: Table) -> dict[str, Any]:
                 "is_key": c.is_key,
                 "type_name": c.type_name,
             }
+            # Only when set, so definitions without them read and compare as before.
+            | ({"missing": c.missing} if c.missing is not None else {})
+            | ({"default_unseen": True} if c.default_unseen else {})
             for c in table.columns
         ],
     }
@@ -110,6 +113,8 @@ def table_from_dict(data: Mapping[str, Any]) -> Table:
             type_modifier=_int(c["type_modifier"]),
             is_key=_bool(c["is_key"]),
             type_name=None if c["type_name"] is None else _str(c["type_name"]),
+            missing=None if c.get("missing") is None else _str(c["missing"]),
+            default_unseen=_bool(c.get("default_unseen", False)),
         )
         for c in data["columns"]
     )
@@ -130,6 +135,7 @@ def type_to_dict(info: TypeInfo) -> dict[str, Any]:
         "kind": info.kind,
         "base_oid": info.base_oid,
         "element_oid": info.element_oid,
+        "base_modifier": info.base_modifier,
     }
 
 
@@ -142,6 +148,8 @@ def type_from_dict(data: Mapping[str, Any]) -> TypeInfo:
         kind=_str(data["kind"]),
         base_oid=_int(data["base_oid"]),
         element_oid=_int(data["element_oid"]),
+        # Absent from definitions written before it was recorded.
+        base_modifier=_int(data.get("base_modifier", -1)),
     )
 
 

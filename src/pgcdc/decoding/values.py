@@ -942,6 +942,8 @@ class ResolvedType:
     element: ResolvedType | None = None
     delimiter: str = ","
     display_name: str = ""
+    # A domain's type modifier (numeric(10,2)): used where the column's own is -1.
+    type_modifier: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -1071,7 +1073,10 @@ class TypeRegistry:
         display = f"{info.namespace}.{info.name}"
         if info.kind == "d" and info.base_oid:
             base = self._resolve(info.base_oid, depth + 1)
-            return ResolvedType(base.oid, base.name, base.element, base.delimiter, display)
+            modifier = info.base_modifier if info.base_modifier != -1 else base.type_modifier
+            return ResolvedType(
+                base.oid, base.name, base.element, base.delimiter, display, modifier
+            )
         if info.element_oid and info.kind == "b":
             element = self._resolve(info.element_oid, depth + 1)
             return ResolvedType(oid, "array", element, ",", display)

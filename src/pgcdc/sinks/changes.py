@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.errors import InvalidChangeBatch
-from pgcdc.events import Relation, ReplicaIdentity
+from pgcdc.events import Column, Relation, ReplicaIdentity
 from pgcdc.lsn import LSN
 
 OP = "_op"
@@ -96,6 +96,9 @@ class TableSpec:
     key_columns: tuple[str, ...]
     relation_lsn: LSN
     replica_identity: ReplicaIdentity = ReplicaIdentity.DEFAULT
+    # The source's column definitions (with pg_attribute's missing values, see
+    # events.Column.missing) when known: what a column added to the Delta table starts with.
+    source_columns: tuple[Column, ...] = ()
 
     def __post_init__(self) -> None:
         names = self.schema.names

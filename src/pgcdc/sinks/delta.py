@@ -59,7 +59,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pgcdc.errors import InvalidChangeBatch, LakePathError, SinkError, UnresolvedToastError
+from pgcdc.decoding.arrow import rows_to_arrow
+from pgcdc.errors import (
+    InvalidChangeBatch,
+    LakePathError,
+    PgcdcError,
+    SinkError,
+    StaleRowsWarning,
+    UnresolvedToastError,
+)
+from pgcdc.events import Column, Table
 from pgcdc.sinks import changes as c
 from pgcdc.sinks import keys as k
 from pgcdc.sinks.paths import legacy_table_path, table_path
@@ -271,7 +280,8 @@ def _ensure(
         log.info(
             "%s: adding columns %s", path, [n for n in target.names if n not in existing.names]
         )
-        write_deltalake(table, target.empty_table(), mode="append", schema_mode="merge")
+        if not fill_added_columns(table, existing, target, spec):
+            write_deltalake(table, target.empty_table(), mode="append", schema_mode="merge")
     else:
         log.warning("%s: widening %s rewrites the table", path, widened)
         data = align(dataset(table, storage_options).to_table(), target)
@@ -293,6 +303,80 @@ def _only_added(old: pa.DataType, new: pa.DataType) -> bool:
         new.field(i).name == o.name and _only_added(o.type, new.field(i).type)
         for i, o in enumerate(old)
     )
+
+
+def fill_added_columns(
+    table: DeltaTable, existing: pa.Schema, target: pa.Schema, spec: c.TableSpec
+) -> bool:
+    """Add ``target``'s new columns with the values the source's existing rows have; True when
+    done (in one commit with the new schema, so a crash leaves both or neither), False when the
+    caller should add them empty.
+
+    ``ALTER TABLE ... ADD COLUMN c ... DEFAULT 7`` (non-volatile) changes no row: PostgreSQL
+    keeps 7 in pg_attribute.attmissingval for rows that predate c, and the slot streams
+    nothing for them. The receiver records that value with the Relation
+    (``Column.missing``); every row already in the Delta table predates the column (changes
+    of later definitions are written after it), so the mirror's rows and the history's current
+    versions take it. Closed history versions and changelog rows keep null: c did not exist
+    then. A column added with a default the slot cannot see (a volatile one, which rewrote
+    the table) is reported with a ``StaleRowsWarning``: those rows need a re-copy."""
+    if not spec.source_columns or not _has_data(table):
+        return False
+    added = [f.name for f in target if f.name not in existing.names]
+    columns = {col.name: col for col in spec.source_columns if col.name in added}
+    if not columns:
+        return False
+    history = VALID_FROM_LSN in existing.names
+    if c.OP in existing.names and not history:
+        return False  # the changelog: past changes did not have the column
+    unseen = [name for name, col in columns.items() if col.default_unseen]
+    if unseen:
+        message = (
+            f"{spec.qualified_name}: column(s) {unseen} were added with a default the "
+            "replication slot does not stream (a volatile default rewrites the table without "
+            f"logical changes): rows of {table.table_uri} written before hold null there while "
+            f"the source holds values. Re-copy the table: pgcdc cannot yet re-snapshot one "
+            f"table, so rebuild the pipeline with a new slot and a fresh initial snapshot"
+        )
+        log.warning("%s", message)
+        warnings.warn(message, StaleRowsWarning, stacklevel=2)
+    fills = {name: col for name, col in columns.items() if col.missing is not None}
+    if not fills:
+        return False
+    data = align(dataset(table).to_table(), target)
+    rows = pa.array([True] * data.num_rows) if not history else data.column(IS_CURRENT)
+    for name, col in fills.items():
+        value = _missing_value(spec, col, target.field(name).type)
+        if value is None:
+            continue
+        index = data.schema.get_field_index(name)
+        filled = pc.if_else(rows, pa.scalar(value, target.field(name).type), data.column(name))
+        data = data.set_column(index, target.field(name), filled)
+    log.info("%s: adding columns %s with existing rows' values", spec.qualified_name, added)
+    write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
+    return True
+
+
+def _missing_value(spec: c.TableSpec, column: Column, delta_type: pa.DataType) -> Any:
+    """``column.missing`` (PostgreSQL's text) as a value of the Delta column's type; None with
+    a warning when it does not convert."""
+    assert column.missing is not None
+    source = Table(spec.namespace, spec.name, (replace(column, missing=None),))
+    try:
+        batch = rows_to_arrow(source, [(column.missing,)])
+        array = to_delta(batch.column(0))
+        if array.null_count:  # held only as text (_pgcdc_text): the column holds it as null
+            raise ValueError("no typed form")
+        return array.cast(delta_type)[0].as_py()
+    except (PgcdcError, ValueError, pa.ArrowException) as exc:
+        message = (
+            f"{spec.qualified_name}.{column.name}: the value {column.missing!r} that existing "
+            f"rows have (ADD COLUMN ... DEFAULT) does not convert to {delta_type} ({exc}); "
+            "those rows keep null: re-copy the table"
+        )
+        log.warning("%s", message)
+        warnings.warn(message, StaleRowsWarning, stacklevel=3)
+        return None
 
 
 def _commit(app_id: str, version: int) -> CommitProperties:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgcdc.changelog.codec import DecodedRow, decode_rows, table_from_dict
+from pgcdc.changelog.codec import DecodedRow, decode_rows, table_from_dict, type_info_of
 from pgcdc.decoding import columnar
 from pgcdc.decoding.arrow import (
     COLUMNAR_MIN_ROWS,
@@ -389,7 +389,7 @@ def change_tables(
             for row in decode_rows(batch.filter(is_type)):
                 event = row.event
                 assert isinstance(event, Type)
-                known[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+                known[event.oid] = type_info_of(event)
         wanted = pc.and_(
             pc.is_in(kinds, value_set=_CHANGE_KINDS),
             pc.greater_equal(batch.column("commit_lsn"), low),

@@ -50,7 +50,7 @@ from pyspark.sql.types import StructType
 
 from pgcdc.changelog import ChangeLog, SegmentInfo
 from pgcdc.changelog import segments as fmt
-from pgcdc.changelog.codec import decode_rows, type_rows
+from pgcdc.changelog.codec import decode_rows, type_info_of, type_rows
 from pgcdc.changelog.reader import FrameInfo, read_segment, segment_frames
 from pgcdc.decoding.arrow import ArrowOptions, arrow_schema
 from pgcdc.decoding.pgtypes import TypeInfo
@@ -294,6 +294,7 @@ def spec_for(table: Table, changes_schema: pa.Schema) -> TableSpec:
         key_columns=tuple(col.name for col in table.key_columns),
         relation_lsn=LSN(0),
         replica_identity=table.replica_identity,
+        source_columns=table.columns,
     )
 
 
@@ -515,7 +516,7 @@ class SegmentTypes:
         """The definitions in force from ``first_row`` on, after the Type row ``event``."""
         assert isinstance(event, Type)
         types = dict(self.steps[-1][1] if self.steps else self.base)
-        types[event.oid] = TypeInfo(event.oid, event.namespace, event.name)
+        types[event.oid] = type_info_of(event)
         self.steps.append((first_row, types))
 
 
