@@ -48,7 +48,8 @@ def commit_rows(db: Database, first: int, transactions: int, rows: int = 20) -> 
         for n in range(transactions):
             start = first + n * rows
             conn.execute(
-                "INSERT INTO t SELECT g, repeat(md5(g::text), 8) FROM generate_series(%s::int, %s::int) g",
+                "INSERT INTO t SELECT g, repeat(md5(g::text), 8) "
+                "FROM generate_series(%s::int, %s::int) g",
                 (start, start + rows - 1),
             )
 
