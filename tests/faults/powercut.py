@@ -8,8 +8,9 @@ entries (name -> inode); at the fsync numbered ``cut`` (counting those under ``r
 1) it SIGKILLs the process just before syncing. ``roll_back(shadow, root)`` then puts
 ``root`` back into the state a power cut would leave: only the names present at the last
 directory fsync, each holding its contents as of its inode's last fsync (empty if it never
-had one), sometimes followed by part of what was written after it. The recording happens before the wrapped fsync returns, so anything the process does
-after an fsync (such as confirming to the server) happens after its durable state is recorded.
+had one), sometimes followed by part of what was written after it. The recording happens
+before the wrapped fsync returns, so anything the process does after an fsync (such as
+confirming to the server) happens after its durable state is recorded.
 
 Only ``root``'s own entries are modelled (not subdirectories): the receiver's change log has
 no consumers here.
@@ -18,8 +19,8 @@ no consumers here.
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import signal
 import stat
 from pathlib import Path
@@ -66,7 +67,7 @@ def install(shadow: Path, root: str, cut: int | None) -> None:
     baseline(shadow, root)
     count = 0
 
-    def fsync(fd: int) -> None:
+    def fsync(fd: int) -> None:  # the writer passes file descriptors
         nonlocal count
         path = os.readlink(f"/proc/self/fd/{fd}")
         if path != root and os.path.dirname(path) != root:
@@ -82,7 +83,7 @@ def install(shadow: Path, root: str, cut: int | None) -> None:
         else:
             _record_file(shadow, fd, info.st_ino)
 
-    os.fsync = fsync
+    os.fsync = fsync  # type: ignore[assignment]
 
 
 def roll_back(shadow: Path, root: Path, rng: random.Random) -> list[str]:

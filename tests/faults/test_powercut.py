@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # ones the steady state of flushes, seals and new segments.
 CUTS = [1, 2, 3, 4, 5, 6, 8, 11, 15, 20, 27, 36, 48]
 STEPS = 200  # at least; the workload runs on until the cuts are done
-INSERT = "INSERT INTO pc SELECT g, %s, repeat(md5(g::text), 3) FROM generate_series(%s::bigint, %s) g"
+INSERT = (
+    "INSERT INTO pc SELECT g, %s, repeat(md5(g::text), 3) FROM generate_series(%s::bigint, %s) g"
+)
 
 
 @dataclass
