@@ -355,8 +355,6 @@ def _damage(file: _Readable, size: int, bad: int, durable_end: int) -> str | Non
         return "the segment was sealed and fsync'd"
     if bad < durable_end:
         return f"it lies before the segment's recorded durable end {durable_end}"
-    if durable_end > size:
-        return f"the file ends at {size}, before its recorded durable end {durable_end}"
     found = next_valid_frame(file, size, bad + 1)
     if found is not None:
         return f"a valid frame follows at offset {found} (a crash tears only the end)"
