@@ -19,7 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgcdc.changelog import ChangeLog
-from pgcdc.changelog.segments import FRAME_HEADER_SIZE, read_header, read_seal
+from pgcdc.changelog.segments import (
+    FRAME_HEADER_SIZE,
+    parse_frame_header,
+    read_header,
+    read_seal,
+)
+from pgcdc.errors import CorruptChangeLog
 from pgcdc.transactions import CommittedTransaction
 from tests.conftest import examples
 
@@ -86,6 +92,34 @@ def crash_copy(template: Template, cut: int, flips: list[int], into: Path) -> No
         (into / path.name).write_bytes(bytes(data))
 
 
+def frame_spans(template: Template) -> list[tuple[int, int]]:
+    """(start, end) global offsets of every frame of the template log, seals included."""
+    spans = []
+    for index, path in enumerate(template.segments):
+        data = path.read_bytes()
+        offset = template.headers[index]
+        while offset < len(data):
+            header = parse_frame_header(data[offset : offset + FRAME_HEADER_SIZE])
+            assert header is not None
+            end = offset + FRAME_HEADER_SIZE + header.length
+            spans.append((template.starts[index] + offset, template.starts[index] + end))
+            offset = end
+    return spans
+
+
+def whole_frame_after_damage(template: Template, cut: int, flips: list[int]) -> bool:
+    """Whether an untouched frame survives the cut after the first garbled one: then the
+    garbled bytes cannot be a torn tail, and opening the log must refuse."""
+    if not flips:
+        return False
+    spans = frame_spans(template)
+    bad = next(start for start, end in spans if start <= min(flips) < end)
+    return any(
+        bad < start and end <= cut and not any(start <= f < end for f in flips)
+        for start, end in spans
+    )
+
+
 def check_recovery(template: Template, cut: int, flips: list[int]) -> int:
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
@@ -93,6 +127,15 @@ def check_recovery(template: Template, cut: int, flips: list[int]) -> int:
         durable = sum(1 for mark in template.marks if mark <= min([cut, *flips]))
         complete = sum(1 for mark in template.marks if mark <= cut)
         log = ChangeLog(root)
+        if whole_frame_after_damage(template, cut, flips):
+            before = sorted((p.name, p.read_bytes()) for p in root.glob("*.pgcdcseg*"))
+            with pytest.raises(CorruptChangeLog, match="where no crash can have torn it"):
+                log.writer(**OPTIONS)
+            with pytest.raises(CorruptChangeLog, match=r"offset \d+"):
+                list(log.read_transactions())
+            # Nothing was cut or set aside.
+            assert sorted((p.name, p.read_bytes()) for p in root.glob("*.pgcdcseg*")) == before
+            return durable
         with log.writer(**OPTIONS) as writer:
             count = number_of(writer.last_commit_lsn) if writer.last_commit_lsn else 0
             assert durable <= count <= complete

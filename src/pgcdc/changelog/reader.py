@@ -3,7 +3,9 @@
 Everything here needs only a path and a filesystem spec (a local path, a URI or a picklable
 ``pyarrow.fs.FileSystem``), so a Spark executor in another process can read one segment alone.
 Only whole transactions are ever returned: an unfinished group at the end of the active
-segment (being written, or torn by a crash the writer has not yet recovered) is left out.
+segment (being written, or torn by a crash the writer has not yet recovered) is left out. A bad
+frame anywhere else (see ``segments.Scan.damage``) raises ``CorruptChangeLog``: a reader never
+returns the part of a log before damage as if it were the whole.
 """
 
 from __future__ import annotations
@@ -70,19 +72,39 @@ def segment_info(
             return SegmentInfo(
                 where, seal.first_commit_lsn, seal.last_commit_lsn, seal.end_lsn, size, True
             )
-        scan = fmt.scan(f, size, where, verify=False)
+        scan = _scan(fs, f, where, verify=False)
         return SegmentInfo(
             where, scan.first_commit_lsn, scan.last_commit_lsn, scan.end_lsn, size, scan.sealed
         )
 
 
-def _checked_scan(f: pa.NativeFile, where: str) -> fmt.Scan:
-    """A scan that fails loudly on damage where no crash could have left it (sealed data)."""
+def _scan(fs: pafs.FileSystem, f: pa.NativeFile, where: str, *, verify: bool) -> fmt.Scan:
+    """A scan that raises on damage no crash could have left (see ``segments.Scan.damage``).
+
+    An open segment is scanned again before raising: a writer abandoning a failed
+    transaction rewrites the end of the file, which a reader may see half old, half new."""
+    root, _, name = where.rpartition("/")
+    mark = fmt.read_mark(fs, root)
+    durable_end = mark.offset if mark is not None and mark.segment == name else 0
+    scan = fmt.scan(f, f.size(), where, verify=verify, durable_end=durable_end)
+    if scan.damage is not None and not scan.sealed:
+        scan = fmt.scan(f, f.size(), where, verify=verify, durable_end=durable_end)
+    if scan.damage is not None:
+        raise CorruptChangeLog(
+            f"{where}: damaged at offset {scan.bad_offset} ({scan.problem}), where no crash "
+            f"can have torn it ({scan.damage}); restore the segment from a backup or re-read "
+            "the changes from the server"
+        )
+    return scan
+
+
+def _checked_scan(fs: pafs.FileSystem, f: pa.NativeFile, where: str) -> fmt.Scan:
+    """A scan that fails loudly on damage where no crash could have left it."""
     size = f.size()
     sealed = fmt.read_seal(f, size) is not None
     # The open segment's tail may be mid-write: verify it now so that no transaction is
     # half-returned; sealed segments are verified frame by frame while reading.
-    scan = fmt.scan(f, size, where, verify=not sealed)
+    scan = _scan(fs, f, where, verify=not sealed)
     if sealed and scan.problem is not None:
         raise CorruptChangeLog(
             f"{where}: sealed segment is damaged ({scan.problem}); restore it from a backup or "
@@ -119,7 +141,7 @@ def segment_frames(
     splitting a big segment into row ranges (``read_segment(rows=...)``) needs."""
     fs, where = fmt.resolve(path, filesystem)
     with _open(fs, where) as f:
-        scan = fmt.scan(f, f.size(), where, verify=False)
+        scan = _scan(fs, f, where, verify=False)
     return [
         FrameInfo(
             ref.header.rows,
@@ -151,7 +173,7 @@ def read_segment(
     high = (1 << 64) - 1 if to_lsn is None else int(to_lsn)
     first_row, stop_row = rows if rows is not None else (0, None)
     with _open(fs, where) as f:
-        scan = _checked_scan(f, where)
+        scan = _checked_scan(fs, f, where)
         number = 0  # the segment's row number at the start of the frame
         for ref in scan.frames:
             frame = ref.header

@@ -251,7 +251,13 @@ class FrameRef:
 
 @dataclass
 class Scan:
-    """What a segment holds: the frames of complete groups, and where its valid part ends."""
+    """What a segment holds: the frames of complete groups, and where its valid part ends.
+
+    ``damage`` says why a bad frame cannot be a torn tail (None when it can be, or when there
+    is none): a crash tears only what was written after the last fsync, at the end of the
+    file, so a bad frame inside a sealed segment, before the writer's recorded durable end, or
+    followed by a valid frame is damage to data that may already be confirmed to the server.
+    """
 
     header: SegmentHeader
     header_end: int
@@ -261,6 +267,9 @@ class Scan:
     sealed: bool
     # Why scanning stopped before the end of the file (a torn or damaged tail), or None.
     problem: str | None
+    damage: str | None = None
+    # Where scanning stopped on a bad frame (None: it reached the end or a seal).
+    bad_offset: int | None = None
 
     @property
     def first_commit_lsn(self) -> LSN | None:
@@ -277,11 +286,12 @@ class Scan:
         return self.frames[-1].header.end_lsn if self.frames else self.header.base_end_lsn
 
 
-def scan(file: _Readable, size: int, where: str, *, verify: bool) -> Scan:
+def scan(file: _Readable, size: int, where: str, *, verify: bool, durable_end: int = 0) -> Scan:
     """Walk the frames of a segment; with ``verify``, check every payload's checksum too.
 
-    Stops at the first frame that is short, malformed or (verifying) fails its checksum: after
-    a crash that is the torn tail. The caller decides whether such a tail is acceptable.
+    Stops at the first frame that is short, malformed or (verifying) fails its checksum, then
+    judges whether that can be a torn tail (see ``Scan.damage``); ``durable_end`` is the offset
+    up to which the writer recorded the segment as fsync'd (0: unknown).
     """
     file.seek(0)
     header, offset = read_header(file, where)
@@ -325,9 +335,107 @@ def scan(file: _Readable, size: int, where: str, *, verify: bool) -> Scan:
             committed.extend(pending)
             pending = []
             valid_end = offset
+    damage: str | None = None
+    bad_offset: int | None = None
+    if problem is not None and not sealed:
+        bad_offset = offset
+        damage = _damage(file, size, offset, durable_end)
+    elif durable_end > size:
+        bad_offset = size
+        problem = "the file is shorter than its durable end"
+        damage = f"the writer recorded it as durable up to offset {durable_end}"
     if pending and problem is None:
         problem = f"the transaction starting at offset {pending[0].offset} has no final frame"
-    return Scan(header, header_end, committed, valid_end, sealed, problem)
+    return Scan(header, header_end, committed, valid_end, sealed, problem, damage, bad_offset)
+
+
+def _damage(file: _Readable, size: int, bad: int, durable_end: int) -> str | None:
+    """Why the bad frame at offset ``bad`` is not a torn tail, or None if it may be one."""
+    if read_seal(file, size) is not None:
+        return "the segment was sealed and fsync'd"
+    if bad < durable_end:
+        return f"it lies before the segment's recorded durable end {durable_end}"
+    found = next_valid_frame(file, size, bad + 1)
+    if found is not None:
+        return f"a valid frame follows at offset {found} (a crash tears only the end)"
+    return None
+
+
+def next_valid_frame(file: _Readable, size: int, start: int) -> int | None:
+    """The offset of the first whole frame with a good checksum at or after ``start``."""
+    chunk = 1 << 20
+    position = start
+    while position < size:
+        file.seek(position)
+        data = bytes(file.read(min(chunk, size - position)))
+        if not data:
+            return None
+        at = data.find(FRAME_MAGIC)
+        while at != -1:
+            offset = position + at
+            file.seek(offset)
+            head = bytes(file.read(FRAME_HEADER_SIZE))
+            frame = parse_frame_header(head)
+            if frame is not None and offset + FRAME_HEADER_SIZE + frame.length <= size:
+                payload = file.read(frame.length) if frame.length else b""
+                if frame_crc_ok(head, frame, payload):
+                    return offset
+            at = data.find(FRAME_MAGIC, at + 1)
+        # Keep the last bytes: a magic may straddle two chunks.
+        position += max(len(data) - (len(FRAME_MAGIC) - 1), 1)
+    return None
+
+
+# --- the durable mark ------------------------------------------------------------------------
+
+MARK_NAME = "durable.mark"
+_MARK_MAGIC = b"PGCDCDUR"
+_MARK = struct.Struct("<8s16sQQQ")
+
+
+@dataclass(frozen=True, slots=True)
+class DurableMark:
+    """Where the writer last fsync'd the log: a segment's name and the offset it was durable to.
+
+    Written after each fsync and never fsync'd itself, so it never claims more than was
+    durable: exact after a process crash, possibly older after a power cut (then the rule that
+    a valid frame after a bad one is damage still applies).
+    """
+
+    segment: str
+    offset: int
+    commit_lsn: LSN
+    end_lsn: LSN
+
+    def encode(self) -> bytes:
+        base = self.segment[: -len(SEGMENT_SUFFIX)].encode()
+        fields = _MARK.pack(_MARK_MAGIC, base, self.offset, self.commit_lsn, self.end_lsn)
+        return fields + _CRC.pack(zlib.crc32(fields))
+
+    @classmethod
+    def decode(cls, data: bytes) -> DurableMark | None:
+        """The mark in ``data``; None when it is missing or torn (then it tells nothing)."""
+        if len(data) != _MARK.size + _CRC.size:
+            return None
+        (crc,) = _CRC.unpack_from(data, _MARK.size)
+        if zlib.crc32(data[: _MARK.size]) != crc:
+            return None
+        magic, base, offset, commit, end = _MARK.unpack_from(data)
+        name = base.decode("ascii", "replace") + SEGMENT_SUFFIX
+        if magic != _MARK_MAGIC or not SEGMENT_NAME.match(name):
+            return None
+        return cls(name, offset, LSN(commit), LSN(end))
+
+
+def read_mark(fs: pafs.FileSystem, root: str) -> DurableMark | None:
+    """The log's durable mark (local logs only; None when there is none or it is torn)."""
+    if not is_local(fs):
+        return None
+    try:
+        with open(join(root, MARK_NAME), "rb") as f:
+            return DurableMark.decode(f.read())
+    except FileNotFoundError:
+        return None
 
 
 def read_seal(file: _Readable, size: int) -> FrameHeader | None:

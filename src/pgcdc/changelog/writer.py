@@ -1,8 +1,12 @@
 """Appending committed transactions to the change log, durably.
 
-Local files: the active segment is appended to and fsync'd by ``flush()``; on open, a torn or
-damaged tail (a crash mid-write) is copied aside to ``<segment>.torn-<offset>`` and cut, so
-the log is always a prefix of what was appended, made of whole transactions.
+Local files: the active segment is appended to and fsync'd by ``flush()``, which then records
+the durable end in ``durable.mark``. On open every segment is verified. A torn tail (a crash
+mid-write: bad bytes at the end of the active segment, past the recorded durable end, with no
+valid frame after them) is copied aside to ``<segment>.torn-<offset>`` and cut, so the log is
+always a prefix of what was appended, made of whole transactions. Any other bad frame is damage
+to data that may already be confirmed to the server: opening raises ``CorruptChangeLog`` naming
+the file and offset, and cuts nothing.
 
 Other pyarrow filesystems (object stores cannot append, truncate or fsync): each ``flush()``
 (or roll) completes one immutable segment, written to a temporary name and then moved into
@@ -45,6 +49,30 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def damaged(path: str, scan: fmt.Scan) -> CorruptChangeLog:
+    """The error for a bad frame that cannot be a torn tail (``scan.damage`` is set)."""
+    return CorruptChangeLog(
+        f"{path}: damaged at offset {scan.bad_offset} ({scan.problem}), where no crash can "
+        f"have torn it ({scan.damage}). The changes from there on were durable and may be "
+        "confirmed to the server, so they cannot be read from the slot again: restore the "
+        "file from a backup, or start a new log from a new snapshot. Nothing was cut."
+    )
+
+
+def _verify_sealed(fs: pafs.FileSystem, path: str) -> None:
+    """Check every frame of a segment before the newest: each was sealed and fsync'd whole."""
+    with fs.open_input_file(path) as f:
+        scan = fmt.scan(f, f.size(), path, verify=True)
+    if scan.damage is not None:
+        raise damaged(path, scan)
+    if scan.problem is not None or not scan.sealed:
+        raise CorruptChangeLog(
+            f"{path}: damaged at offset {scan.valid_end} "
+            f"({scan.problem or 'no seal, but a newer segment follows it'}); restore the file "
+            "from a backup, or start a new log from a new snapshot. Nothing was cut."
+        )
+
+
 # Events that set definitions a reader needs (tracked in the segment header state).
 _DEFINITIONS = frozenset((Relation, Type))
 
@@ -81,6 +109,7 @@ class ChangeLogWriter:
         self._durable = (LSN(0), LSN(0))
         self._group_first: LSN | None = None
         self._lock: IO[bytes] | None = None
+        self._mark_fd: int | None = None
         # The open segment: a local file, or a pyarrow output stream to a temporary path.
         self._file: Any = None
         self._segment_path: str | None = None
@@ -130,11 +159,23 @@ class ChangeLogWriter:
             elif fmt.SEGMENT_NAME.match(info.base_name):
                 names.append(info.base_name)
         names.sort()
+        mark = fmt.read_mark(self._fs, self._root)
+        if mark is not None and (not names or mark.segment > names[-1]):
+            raise CorruptChangeLog(
+                f"{fmt.join(self._root, mark.segment)} is missing, but the change log recorded "
+                f"it as durable up to offset {mark.offset} (end LSN {mark.end_lsn}): its changes "
+                "may be confirmed to the server and cannot be read from the slot again; restore "
+                "the file from a backup, or start a new log from a new snapshot"
+            )
         if not names:
             return
+        if self._local:  # an object store's segments were written whole, then moved in place
+            for name in names[:-1]:
+                _verify_sealed(self._fs, fmt.join(self._root, name))
         path = fmt.join(self._root, names[-1])
         if self._local:
-            self._recover_local(path)
+            durable_end = mark.offset if mark is not None and mark.segment == names[-1] else 0
+            self._recover_local(path, durable_end)
         else:
             with self._fs.open_input_file(path) as f:
                 scan = fmt.scan(f, f.size(), path, verify=True)
@@ -147,10 +188,12 @@ class ChangeLogWriter:
         position = (self._last_scan.last_commit_lsn, self._last_scan.end_lsn)
         self._done = self._written = self._durable = position
 
-    def _recover_local(self, path: str) -> None:
+    def _recover_local(self, path: str, durable_end: int) -> None:
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            scan = fmt.scan(f, size, path, verify=True)
+            scan = fmt.scan(f, size, path, verify=True, durable_end=durable_end)
+            if scan.damage is not None:
+                raise damaged(path, scan)
             if scan.valid_end < size:
                 f.seek(scan.valid_end)
                 tail = f.read()
@@ -398,10 +441,23 @@ class ChangeLogWriter:
             if self._file is not None:
                 self._file.flush()
                 os.fsync(self._file.fileno())
+                if self._durable != self._written:
+                    self._mark()
             self._durable = self._written
         else:
             self._finish_segment()
         return self._durable[1]
+
+    def _mark(self) -> None:
+        """Record where the active segment is durable to, after its fsync (see DurableMark)."""
+        assert self._segment_path is not None
+        mark = fmt.DurableMark(
+            os.path.basename(self._segment_path), self._segment_size, *self._written
+        )
+        if self._mark_fd is None:
+            path = fmt.join(self._root, fmt.MARK_NAME)
+            self._mark_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(self._mark_fd, mark.encode(), 0)
 
     def close(self) -> None:
         """Flush and release the log (sealing nothing: a reopened writer continues the segment)."""
@@ -414,6 +470,9 @@ class ChangeLogWriter:
                 self._file = None
         finally:
             self._closed = True
+            if self._mark_fd is not None:
+                os.close(self._mark_fd)
+                self._mark_fd = None
             if self._lock is not None:
                 self._lock.close()
                 self._lock = None
