@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+# Secrets a conninfo or URI may carry, wherever they appear in a message: keyword form
+# (password=..., sslpassword='...'), URI userinfo (postgresql://user:secret@host) and URI query
+# parameters (?password=...). The whole value goes, up to the next space (more rather than less).
+_SECRET_KEYWORD = re.compile(
+    r"(?<![\w-])((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])*)",
+    re.IGNORECASE,
+)
+_SECRET_USERINFO = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+REDACTED = "********"
+
+
+def redact(text: str) -> str:
+    """``text`` with every password and sslpassword of a conninfo or URI in it replaced.
+
+    PgcdcError applies it to every message, so no typed error (printed, logged, sent back
+    from the receiver process) can carry a secret from a conninfo or a libpq message."""
+    if "assword" not in text.lower() and "://" not in text:
+        return text
+    text = _SECRET_USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+    return _SECRET_KEYWORD.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+
 
 class PgcdcError(Exception):
-    """Base class of every error pgcdc raises on purpose."""
+    """Base class of every error pgcdc raises on purpose. Its message never holds a password
+    (see ``redact``)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 # --- configuration and preflight -------------------------------------------------------------
@@ -118,6 +146,11 @@ class ConnectionFailed(PgcdcError):
 
 class AuthenticationFailed(ConnectionFailed):
     """The server rejected the credentials; check the password, .pgpass and pg_hba.conf."""
+
+
+class ConnectionTimedOut(ConnectionFailed):
+    """The server did not complete the connection within connect_timeout (a host that accepts
+    TCP but never answers, a firewall dropping packets, an overloaded server)."""
 
 
 # --- the durable change log ------------------------------------------------------------------

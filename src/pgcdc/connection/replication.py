@@ -33,6 +33,7 @@ from pgcdc.connection.commands import (
     SystemIdentity,
     TimelineHistory,
 )
+from pgcdc.connection.conninfo import timed_out
 from pgcdc.connection.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MAX_SEND_TIME,
@@ -621,6 +622,8 @@ class ReplicationConnection(_ConnectionBase):
         """Connect as libpq would (conninfo or URI, PG* variables, .pgpass, TLS, SCRAM)."""
         try:
             connection = psycopg.Connection.connect(conninfo, **{**kwargs, **_CONNECT_ARGS})
+        except psycopg.errors.ConnectionTimeout:
+            raise timed_out(conninfo) from None
         except psycopg.OperationalError as error:
             raise _connect_error(error) from None
         return cls(connection)
@@ -722,6 +725,8 @@ class AsyncReplicationConnection(_ConnectionBase):
             connection = await psycopg.AsyncConnection.connect(
                 conninfo, **{**kwargs, **_CONNECT_ARGS}
             )
+        except psycopg.errors.ConnectionTimeout:
+            raise timed_out(conninfo) from None
         except psycopg.OperationalError as error:
             raise _connect_error(error) from None
         return cls(connection)

@@ -141,6 +141,11 @@ def translate(
 
 def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:
     """``translate`` for a psycopg exception, including refused connections (no SQLSTATE)."""
+    if isinstance(error, psycopg.errors.ConnectionTimeout):
+        return errors.ConnectionTimedOut(
+            f"{error}: the server did not answer within connect_timeout; check host and port, "
+            "or raise connect_timeout in the conninfo (or PGCONNECT_TIMEOUT)"
+        )
     diag = error.diag
     if diag.sqlstate and diag.message_primary:
         return translate(

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
+from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.sql import get_slot
 from pgcdc.errors import InvalidOption, PipelineQueryError
 from pgcdc.lsn import LSN
@@ -159,12 +158,13 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
             "no source database: pass -d/--dbname (a conninfo or URI) or set [source] conninfo "
             "in the config file"
         )
+    values["conninfo"] = normalize(values["conninfo"])
     return Settings(**values)
 
 
 def current_wal_lsn(conninfo: str) -> LSN:
     """The server's current WAL insert position: what ``--once`` drains up to."""
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect(conninfo) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     return LSN.parse(row[0])
@@ -187,7 +187,7 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
     that already holds transactions) means the pipeline has started before: nothing to do."""
     if settings.snapshot != "initial" or writer.last_commit_lsn > 0:
         return None
-    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+    with connect(settings.conninfo) as conn:
         if get_slot(conn, settings.slot) is not None:
             log.warning(
                 "slot %s already exists, so no initial snapshot was taken: the lake will hold "
