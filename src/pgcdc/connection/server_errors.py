@@ -153,6 +153,7 @@ def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:
         )
     text = str(error).strip()
     fatal = _FATAL.search(text)
+    text = " ".join(text.split())  # libpq's text spans lines; the CLI prints one
     if fatal:
         translated = translate(None, fatal.group("message").strip(), fatal.group("detail"))
         if type(translated) is not errors.ServerError:
