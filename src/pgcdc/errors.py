@@ -105,6 +105,10 @@ class ServerError(PgcdcError):
         self.detail = detail
 
 
+class StatementTimedOut(ServerError):
+    """One of pgcdc's own catalog or preflight queries ran past its statement timeout."""
+
+
 class ReplicationStreamError(ServerError):
     """The server ended a replication stream with an error (slot dropped, walsender killed...)."""
 

@@ -11,8 +11,6 @@ import argparse
 import sys
 from typing import Any
 
-import psycopg
-
 from pgcdc.cli.common import (
     add_connection_arguments,
     add_help_argument,
@@ -21,6 +19,7 @@ from pgcdc.cli.common import (
     plugin_option,
 )
 from pgcdc.connection import sql
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.server_errors import translated
 from pgcdc.errors import InvalidArgument
 
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         "options": options,
     }
     rows: list[tuple[Any, int, str | bytes]]
-    with translated(), psycopg.connect(conninfo, autocommit=True) as conn:
+    with translated(), connect(conninfo, limit_statements=False) as conn:
         if args.binary:
             read_binary = sql.get_binary_changes if args.consume else sql.peek_binary_changes
             rows = list(read_binary(conn, args.slot, **kwargs))

@@ -29,10 +29,10 @@ __all__ = [
     "DEFAULT_STATEMENT_TIMEOUT",
     "STATEMENT_TIMEOUT_ENV",
     "connect",
+    "default_statement_timeout",
     "endpoint",
     "normalize",
     "redact",
-    "statement_timeout",
     "timed_out",
 ]
 
@@ -82,7 +82,7 @@ def timed_out(conninfo: str) -> errors.ConnectionTimedOut:
     )
 
 
-def statement_timeout() -> float:
+def default_statement_timeout() -> float:
     """The default statement timeout in seconds (0: none), from PGCDC_STATEMENT_TIMEOUT."""
     text = os.environ.get(STATEMENT_TIMEOUT_ENV)
     if text is None or not text.strip():
@@ -98,11 +98,14 @@ def statement_timeout() -> float:
     return value
 
 
-def connect(conninfo: str, **kwargs: Any) -> psycopg.Connection[Any]:
-    """An autocommit connection for pgcdc's own SQL, with typed errors and the default
-    statement timeout unless the session already has one (set by the role, the database,
-    the conninfo's ``options`` or PGOPTIONS: the user's setting wins)."""
-    timeout = statement_timeout()
+def connect(
+    conninfo: str, *, limit_statements: bool = True, **kwargs: Any
+) -> psycopg.Connection[Any]:
+    """An autocommit connection for pgcdc's own SQL, with typed errors and (``limit_statements``)
+    the default statement timeout unless the session already has one (set by the role, the
+    database, the conninfo's ``options`` or PGOPTIONS: the user's setting wins). Pass
+    ``limit_statements=False`` for work that may rightly run long (decoding a slot's backlog)."""
+    timeout = default_statement_timeout() if limit_statements else 0.0
     try:
         conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
     except psycopg.errors.ConnectionTimeout:

@@ -26,6 +26,7 @@ CONFIGURATION_LIMIT_EXCEEDED = "53400"
 TOO_MANY_CONNECTIONS = "53300"
 INSUFFICIENT_PRIVILEGE = "42501"
 UNDEFINED_FILE = "58P01"
+QUERY_CANCELED = "57014"
 
 _ACTIVE_PID = re.compile(r"is active for PID (\d+)")
 _SLOT_NAME = re.compile(r'replication slot "([^"]*)"')
@@ -135,6 +136,15 @@ def translate(
             + f"; the slot lost WAL or catalog rows it needed: drop it (SELECT "
             f"pg_drop_replication_slot('{slot_name}')), recreate it, then take a new initial "
             "snapshot"
+        )
+    if sqlstate == QUERY_CANCELED and "statement timeout" in message:
+        return errors.StatementTimedOut(
+            f"{message}: a catalog query of pgcdc's ran longer than statement_timeout; look for "
+            "a lock holding it up (SELECT * FROM pg_locks WHERE NOT granted), or raise the "
+            "timeout: PGCDC_STATEMENT_TIMEOUT=SECONDS (0 for none), or your own "
+            "statement_timeout (the role's, or options='-c statement_timeout=...')",
+            sqlstate=sqlstate,
+            detail=detail,
         )
     return errors.ServerError(message, sqlstate=sqlstate, detail=detail)
 
