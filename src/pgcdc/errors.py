@@ -266,6 +266,32 @@ class ReceiverProcessError(PgcdcError):
     back as itself (the message names the original type)."""
 
 
+class StorageError(PgcdcError):
+    """A file or directory pgcdc writes (change log, consumer state, lake, checkpoint, spill)
+    could not be created or written: a full disk, a missing permission, a file in the way."""
+
+
+def storage_error(error: OSError) -> StorageError:
+    """``error`` as one line that names the path and what to do about it. Nothing confirmed to
+    the server is lost by a failed write: pgcdc confirms only what it has stored."""
+    import errno
+
+    where = f" ({error.filename})" if error.filename else ""
+    reason = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = (
+            "free space on that file system (or give the change log, lake or checkpoint a "
+            "bigger one), then run the same command again: it resumes from what was stored"
+        )
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "give pgcdc's user write access there, or point pgcdc at another directory"
+    elif error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        fix = "a file is where pgcdc needs a directory (or the reverse): give another path"
+    else:
+        fix = "fix the file system problem, then run the same command again"
+    return StorageError(f"{reason}{where}; {fix}")
+
+
 class PipelineQueryError(PgcdcError):
     """The pipeline's Spark streaming query could not start, or stopped with an error; the
     message carries Spark's own reason (for a Java error, its first line)."""

@@ -21,7 +21,7 @@ from types import ModuleType
 from pgcdc import __version__
 from pgcdc.cli import recvlogical
 from pgcdc.cli.common import PROG, add_connection_arguments, add_help_argument, error_line
-from pgcdc.errors import PgcdcError
+from pgcdc.errors import PgcdcError, storage_error
 
 COMMAND_MODULES = (
     "pgcdc.cli.slots",
@@ -78,15 +78,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except recvlogical.UsageError as error:
         parser.error(str(error))
     except PgcdcError as error:
-        first, _, rest = str(error).partition("\n")
-        error_line(first)
-        if rest:
-            print(rest, file=sys.stderr)
-        return 1
+        return _report(error)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 1
+    except OSError as error:  # a file pgcdc writes: a full disk, a permission, a path
+        return _report(storage_error(error))
+
+
+def _report(error: PgcdcError) -> int:
+    first, _, rest = str(error).partition("\n")
+    error_line(first)
+    if rest:
+        print(rest, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

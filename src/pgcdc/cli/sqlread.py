@@ -40,6 +40,11 @@ def register(subparsers: Any) -> None:
         parser.add_argument(
             "--binary", action="store_true", help="use the binary functions (pgoutput)"
         )
+        parser.add_argument(
+            "--publication", dest="publications", action="append", default=[], metavar="NAME",
+            help="publication a pgoutput slot decodes (repeatable; sets publication_names and "
+            "proto_version=1 unless -o gives them)",
+        )  # fmt: skip
         parser.set_defaults(handler=run, consume=name == "get")
 
 
@@ -60,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
         "options": options,
     }
     rows: list[tuple[Any, int, str | bytes]]
+    if args.publications:
+        options.setdefault("publication_names", ",".join(args.publications))
     with translated(), connect(conninfo, limit_statements=False) as conn:
+        slot = sql.get_slot(conn, args.slot)
+        if slot is not None and slot.plugin == "pgoutput":
+            _check_pgoutput(args, options)
         if args.binary:
             read_binary = sql.get_binary_changes if args.consume else sql.peek_binary_changes
             rows = list(read_binary(conn, args.slot, **kwargs))
@@ -73,3 +83,19 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"{lsn}\t{xid}\t".encode() + body + b"\n")
     out.flush()
     return 0
+
+
+def _check_pgoutput(args: argparse.Namespace, options: dict[str, sql.OptionValue]) -> None:
+    """pgoutput needs its publications and a protocol version, and writes binary messages:
+    say so before the server answers "client sent proto_version=0"."""
+    if "publication_names" not in options:
+        raise InvalidArgument(
+            f"slot {args.slot!r} decodes with pgoutput, which needs the publications to read: "
+            "pass --publication NAME (repeatable)"
+        )
+    options.setdefault("proto_version", "1")
+    if not args.binary:
+        raise InvalidArgument(
+            f"slot {args.slot!r} decodes with pgoutput, whose messages are binary: add --binary "
+            "(each prints as \\x hex)"
+        )

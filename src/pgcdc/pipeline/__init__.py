@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import re
 import threading
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -40,7 +42,7 @@ from typing import Any
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.sql import get_slot
-from pgcdc.errors import InvalidOption, PipelineQueryError
+from pgcdc.errors import InvalidOption, PgcdcError, PipelineQueryError, StorageError
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
@@ -51,6 +53,12 @@ from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, sta
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MODES = ("initial", "never")
+# Spark's master URL forms (SparkContext.createTaskScheduler); others fail deep inside the JVM.
+_MASTER = re.compile(
+    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+    r"|(spark|mesos|k8s)://\S+|yarn"
+)
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,50 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
             "in the config file"
         )
     values["conninfo"] = normalize(values["conninfo"])
-    return Settings(**values)
+    settings = Settings(**values)
+    _validate(settings)
+    return settings
+
+
+def _validate(settings: Settings) -> None:
+    """Refuse what would otherwise fail later, deep in Spark or in the receiver process."""
+    if not _MASTER.fullmatch(settings.master):
+        raise InvalidOption(
+            f"master = {settings.master!r} is not a Spark master URL; use local[*], local[N], "
+            "spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+    interval = settings.trigger_interval
+    if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
+        raise InvalidOption(
+            f"trigger_interval = {interval!r}: give the seconds between batches, 0 or more"
+        )
+    for name in ("snapshot_workers", "max_changes_per_batch", "max_bytes_per_batch"):
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            raise InvalidOption(f"{name} = {value!r}: give a positive integer")
+    for name in ("changelog", "lake", "checkpoint"):
+        path = Path(getattr(settings, name))
+        if path.exists() and not path.is_dir():
+            raise InvalidOption(
+                f"{name} = {str(path)!r} is a file, not a directory; give a directory "
+                f"(it is created when missing)"
+            )
+
+
+def query_failure(error: Any) -> PgcdcError:
+    """A failed query as one line: the Python error a foreachBatch raised (Spark wraps it in a
+    Java stack), a full disk as a StorageError that says what to do."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines()]
+    spark = ("org.", "java.", "scala.", "py4j.", "pyspark.")
+    python = [m for m in map(_PYTHON_ERROR.match, lines) if m and not m[1].startswith(spark)]
+    reason = python[-1].group(0) if python else next((line for line in lines if line), "")
+    if re.search(r"No space left on device|os error 28|Errno 28", text):
+        return StorageError(
+            f"the lake or the checkpoint is out of space ({reason}); free space on that file "
+            "system, then run the same command again: it resumes from what was stored"
+        )
+    return PipelineQueryError(f"the pipeline query failed: {reason or type(error).__name__}")
 
 
 def current_wal_lsn(conninfo: str) -> LSN:
@@ -214,7 +265,21 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
 
 @contextlib.contextmanager
 def _session(settings: Settings) -> Iterator[Any]:
-    spark = spark_session(settings.master, "pgcdc-pipeline", **dict(settings.spark_conf))
+    try:
+        spark = spark_session(settings.master, "pgcdc-pipeline", **dict(settings.spark_conf))
+    except Exception as exc:
+        raise PipelineQueryError(
+            f"Spark did not start with master {settings.master!r}: "
+            f"{next(iter(str(exc).splitlines()), type(exc).__name__)}; check the master URL "
+            "and [spark] conf"
+        ) from None
+    # The query's failure is reported as one typed line (query_failure); Spark's own log of
+    # it is a Java stack with the Python traceback inside.
+    with contextlib.suppress(Exception):
+        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming",
+            spark._jvm.org.apache.logging.log4j.Level.FATAL,
+        )
     try:
         yield spark
     finally:
@@ -234,7 +299,10 @@ def run(
     until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly."""
     stop = stop or threading.Event()
     with contextlib.ExitStack() as stack:
-        end_lsn = current_wal_lsn(settings.conninfo) if once else None
+        # Connecting first also makes a wrong password or a down server fail before Spark
+        # starts (seconds of JVM start-up, then a stack of logs around the one line).
+        current = current_wal_lsn(settings.conninfo)
+        end_lsn = current if once else None
         # A process of its own: in a thread the receiver shared the GIL with foreachBatch.
         # It starts first and logs while the Spark session starts (seconds); if that fails,
         # the stack stops it.
@@ -274,7 +342,7 @@ def run(
             raise receiver.error
         error = query.exception()
         if error is not None:
-            raise PipelineQueryError(f"the pipeline query failed: {error}")
+            raise query_failure(error)
 
 
 def with_overrides(settings: Settings, **changes: Any) -> Settings:
