@@ -40,8 +40,8 @@ def test_redact_covers_keyword_quoted_uri_and_query_forms() -> None:
         "'host=h PASSWORD=S3cret\\ x'",
     ):
         assert "S3cret" not in redact(text), text
-    assert redact("password authentication failed for user \"u\"") == (
-        "password authentication failed for user \"u\""
+    assert redact('password authentication failed for user "u"') == (
+        'password authentication failed for user "u"'
     )
 
 
@@ -56,9 +56,7 @@ def test_a_bad_conninfo_is_reported_without_its_password(db: Database, canary: s
     assert_one_line_error(result, "nosuchkeyword")
 
 
-def test_wrong_password_and_refused_port_never_echo_the_password(
-    db: Database, canary: str
-) -> None:
+def test_wrong_password_and_refused_port_never_echo_the_password(db: Database, canary: str) -> None:
     wrong = db.conninfo(password=canary)
     for argv in (["slots"], ["--start", "-S", "nosuch", "-f", "-"], ["peek", "-S", "nosuch"]):
         result = pgcdc("-d", wrong, *argv)
@@ -81,9 +79,7 @@ def canary_role(db: Database, canary: str) -> Iterator[str]:
     db.execute(f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{canary}'")
     db.execute(f'GRANT ALL ON DATABASE "{db.name}" TO {role}')
     yield role
-    db.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
-    )
+    db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
     db.execute(
         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
         "WHERE database = %s AND NOT active",
@@ -96,9 +92,7 @@ def canary_role(db: Database, canary: str) -> Iterator[str]:
 
 def _files_holding(root: Path, needle: str) -> list[Path]:
     return [
-        path
-        for path in root.rglob("*")
-        if path.is_file() and needle.encode() in path.read_bytes()
+        path for path in root.rglob("*") if path.is_file() and needle.encode() in path.read_bytes()
     ]
 
 

@@ -29,6 +29,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import math
 import re
@@ -42,7 +43,13 @@ from typing import Any
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.sql import get_slot
-from pgcdc.errors import InvalidOption, PgcdcError, PipelineQueryError, StorageError
+from pgcdc.errors import (
+    InvalidOption,
+    PgcdcError,
+    PipelineQueryError,
+    SlotNotFound,
+    StorageError,
+)
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
@@ -137,6 +144,7 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
             raise InvalidOption(f"cannot read the pipeline config {path}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise InvalidOption(f"{path} is not valid TOML: {exc}") from None
+    _check_keys(path, data)
     values: dict[str, Any] = {}
     for name, (section, key, kind) in _KEYS.items():
         table = data.get(section, {})
@@ -170,6 +178,41 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
     settings = Settings(**values)
     _validate(settings)
     return settings
+
+
+def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
+    """Refuse unknown sections and keys: a misspelt key silently ignored leaves a setting at
+    its default (``slot_name`` streaming from slot "pgcdc"). Names the closest valid key."""
+    sections: dict[str, list[str]] = {}
+    for section, key, _ in _KEYS.values():
+        sections.setdefault(section, []).append(key)
+    sections["tables"] = ["kinds"]
+
+    def unknown(what: str, name: str, choices: list[str], where: str = "") -> InvalidOption:
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return InvalidOption(
+            f"{path}: unknown {what} {name!r}{where}; {hint}valid: {', '.join(choices)} "
+            "(see docs/pipeline.md)"
+        )
+
+    for section, table in data.items():
+        if section not in sections:
+            raise unknown("section", f"[{section}]", [f"[{s}]" for s in sections])
+        if not isinstance(table, dict):
+            raise InvalidOption(f"{path}: [{section}] must be a table of keys, not {table!r}")
+        for key in table:
+            if section == "tables" and (key == "kinds" or "." in key):
+                continue  # "schema.table" = [kinds]
+            if key in sections[section]:
+                continue
+            home = next((s for s, keys in sections.items() if key in keys), None)
+            if home is not None:
+                raise InvalidOption(f"{path}: {key!r} belongs in [{home}], not in [{section}]")
+            where = f" in [{section}]"
+            if section == "tables":
+                where += " (a table is named schema.table)"
+            raise unknown("key", key, sections[section], where)
 
 
 def _validate(settings: Settings) -> None:
@@ -213,6 +256,26 @@ def query_failure(error: Any) -> PgcdcError:
     return PipelineQueryError(f"the pipeline query failed: {reason or type(error).__name__}")
 
 
+def missing_slot(settings: Settings) -> SlotNotFound:
+    return SlotNotFound(
+        f"replication slot {settings.slot!r} does not exist, and create_slot = false "
+        "(--no-create-slot) forbids creating it; create it first (pgcdc --create-slot -S "
+        f"{settings.slot} -P pgoutput -d ...; the pipeline then takes no initial snapshot), "
+        "or leave out --no-create-slot to let the pipeline create it with a snapshot"
+    )
+
+
+def _start_checks(settings: Settings) -> LSN:
+    """Before anything starts: the server answers, the slot is there unless it may be created.
+    Returns the server's current WAL position (what ``--once`` drains up to)."""
+    with connect(settings.conninfo) as conn:
+        if not settings.create_slot and get_slot(conn, settings.slot) is None:
+            raise missing_slot(settings)
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return LSN.parse(row[0])
+
+
 def current_wal_lsn(conninfo: str) -> LSN:
     """The server's current WAL insert position: what ``--once`` drains up to."""
     with connect(conninfo) as conn:
@@ -239,7 +302,10 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
     if settings.snapshot != "initial" or writer.last_commit_lsn > 0:
         return None
     with connect(settings.conninfo) as conn:
-        if get_slot(conn, settings.slot) is not None:
+        exists = get_slot(conn, settings.slot) is not None
+        if not exists and not settings.create_slot:
+            raise missing_slot(settings)
+        if exists:
             log.warning(
                 "slot %s already exists, so no initial snapshot was taken: the lake will hold "
                 "only changes the slot streams (drop the slot to start over with a snapshot)",
@@ -301,7 +367,7 @@ def run(
     with contextlib.ExitStack() as stack:
         # Connecting first also makes a wrong password or a down server fail before Spark
         # starts (seconds of JVM start-up, then a stack of logs around the one line).
-        current = current_wal_lsn(settings.conninfo)
+        current = _start_checks(settings)
         end_lsn = current if once else None
         # A process of its own: in a thread the receiver shared the GIL with foreachBatch.
         # It starts first and logs while the Spark session starts (seconds); if that fails,
