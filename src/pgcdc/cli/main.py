@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -65,7 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What pgcdc creates (output files, the change log of --start --log) is private, as
+# pg_recvlogical's output file (0600); ``pipeline run --umask`` chooses its own.
+UMASK = 0o077
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = os.umask(UMASK)
+    try:
+        return _main(argv)
+    finally:
+        os.umask(previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None) or getattr(args, "func", None)

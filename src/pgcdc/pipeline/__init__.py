@@ -15,6 +15,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     changelog = "./changelog"
     lake = "./lake"
     checkpoint = "./checkpoint"
+    umask = "077"                 # files 0600, directories 0700 (the default)
 
     [tables]
     kinds = ["changelog", "mirror", "history"]
@@ -32,6 +33,7 @@ import contextlib
 import difflib
 import logging
 import math
+import os
 import re
 import threading
 import tomllib
@@ -60,6 +62,8 @@ from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, sta
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MODES = ("initial", "never")
+# Change data is production data: files 0600 and directories 0700 unless configured otherwise.
+DEFAULT_UMASK = 0o077
 # Spark's master URL forms (SparkContext.createTaskScheduler); others fail deep inside the JVM.
 _MASTER = re.compile(
     r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
@@ -83,6 +87,9 @@ class Settings:
     changelog: str = "./changelog"
     lake: str = "./lake"
     checkpoint: str = "./checkpoint"
+    # The umask the pipeline (and its receiver process, Spark's JVM and Hadoop's file system)
+    # creates the change log, consumer state, lake and checkpoint with.
+    umask: int = DEFAULT_UMASK
     kinds: tuple[SinkKind, ...] = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
     table_kinds: Mapping[str, tuple[SinkKind, ...]] = field(default_factory=dict)
     master: str = "local[*]"
@@ -126,6 +133,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
+    "umask": ("paths", "umask", str),
     "master": ("spark", "master", str),
     "trigger_interval": ("spark", "trigger_interval", (int, float)),
     "max_changes_per_batch": ("spark", "max_changes_per_batch", int),
@@ -175,6 +183,8 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
             "in the config file"
         )
     values["conninfo"] = normalize(values["conninfo"])
+    if "umask" in values:
+        values["umask"] = parse_umask(values["umask"])
     settings = Settings(**values)
     _validate(settings)
     return settings
@@ -213,6 +223,34 @@ def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
             if section == "tables":
                 where += " (a table is named schema.table)"
             raise unknown("key", key, sections[section], where)
+
+
+def parse_umask(value: str | int) -> int:
+    """An octal umask ("077", "0027") as an int; InvalidOption when it is not one."""
+    if isinstance(value, int):
+        number = value
+    else:
+        try:
+            number = int(value, 8)
+        except ValueError:
+            number = -1
+    if not 0 <= number <= 0o777:
+        raise InvalidOption(
+            f"umask = {value!r}: give an octal umask such as 077 (files 0600, directories "
+            "0700: the default) or 027 (group may read)"
+        )
+    return number
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """The process umask set to ``mask`` for the block: what the receiver process and Spark's
+    JVM inherit when they start, and what delta-rs creates the lake's files with."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def _validate(settings: Settings) -> None:
@@ -331,8 +369,11 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
 
 @contextlib.contextmanager
 def _session(settings: Settings) -> Iterator[Any]:
+    # Hadoop's local file system (the checkpoint) chmods what it creates by its own umask.
+    conf = {"spark.hadoop.fs.permissions.umask-mode": f"{settings.umask:03o}"}
+    conf.update(settings.spark_conf)
     try:
-        spark = spark_session(settings.master, "pgcdc-pipeline", **dict(settings.spark_conf))
+        spark = spark_session(settings.master, "pgcdc-pipeline", **conf)
     except Exception as exc:
         raise PipelineQueryError(
             f"Spark did not start with master {settings.master!r}: "
@@ -365,6 +406,7 @@ def run(
     until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly."""
     stop = stop or threading.Event()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(umask(settings.umask))
         # Connecting first also makes a wrong password or a down server fail before Spark
         # starts (seconds of JVM start-up, then a stack of logs around the one line).
         current = _start_checks(settings)
