@@ -13,6 +13,9 @@ import psycopg
 import pytest
 
 from pgcdc.connection.conninfo import DEFAULT_CONNECT_TIMEOUT, connect, normalize
+from pgcdc.connection.preflight import _check_publications
+from pgcdc.connection.server_errors import translated
+from pgcdc.errors import StatementTimedOut
 from tests.cli.helpers import assert_one_line_error, pgcdc
 from tests.conftest import Database
 
@@ -104,16 +107,22 @@ def test_default_statement_timeout_unless_the_session_sets_one(
         assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
 
 
-def test_a_blocked_catalog_query_ends_with_a_typed_line(db: Database) -> None:
-    """``pgcdc check`` reads pg_publication; a lock held on it would stall check forever."""
+def test_a_blocked_catalog_query_ends_with_a_typed_error(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock held on pg_publication stalls preflight's publication check forever. (Connected
+    first: a new backend may need that catalog while it starts, and would wait on the lock.)"""
     db.execute("CREATE PUBLICATION p FOR ALL TABLES")
-    with psycopg.connect(db.conninfo()) as locker:
+    monkeypatch.setenv("PGCDC_STATEMENT_TIMEOUT", "1")
+    with connect(db.conninfo()) as conn, psycopg.connect(db.conninfo()) as locker:
         locker.execute("LOCK TABLE pg_catalog.pg_publication IN ACCESS EXCLUSIVE MODE")
-        result = pgcdc(
-            "-d", db.conninfo(), "check", "--publication", "p",
-            timeout=GENEROUS, env=_env(PGCDC_STATEMENT_TIMEOUT="1"),
-        )  # fmt: skip
+        expected = pytest.raises(StatementTimedOut, match="PGCDC_STATEMENT_TIMEOUT")
+        with expected as caught, translated():
+            _check_publications(conn, db.name, ["p"])
         locker.rollback()
-    assert_one_line_error(result, "statement timeout", "PGCDC_STATEMENT_TIMEOUT")
+    assert "statement timeout" in str(caught.value).splitlines()[0]
+
+
+def test_a_bad_statement_timeout_setting_is_one_line(db: Database) -> None:
     bad = pgcdc("-d", db.conninfo(), "slots", env=_env(PGCDC_STATEMENT_TIMEOUT="soon"))
     assert_one_line_error(bad, "PGCDC_STATEMENT_TIMEOUT", "seconds")
