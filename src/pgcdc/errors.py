@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+# Secrets a conninfo or URI may carry, wherever they appear in a message: keyword form
+# (password=..., sslpassword='...'), URI userinfo (postgresql://user:secret@host) and URI query
+# parameters (?password=...). The whole value goes, up to the next space (more rather than less).
+_SECRET_KEYWORD = re.compile(
+    r"(?<![\w-])((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s\\])*)",
+    re.IGNORECASE,
+)
+_SECRET_USERINFO = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+REDACTED = "********"
+
+
+def redact(text: str) -> str:
+    """``text`` with every password and sslpassword of a conninfo or URI in it replaced.
+
+    PgcdcError applies it to every message, so no typed error (printed, logged, sent back
+    from the receiver process) can carry a secret from a conninfo or a libpq message."""
+    if "assword" not in text.lower() and "://" not in text:
+        return text
+    text = _SECRET_USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", text)
+    return _SECRET_KEYWORD.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+
 
 class PgcdcError(Exception):
-    """Base class of every error pgcdc raises on purpose."""
+    """Base class of every error pgcdc raises on purpose. Its message never holds a password
+    (see ``redact``)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 # --- configuration and preflight -------------------------------------------------------------
@@ -77,6 +105,10 @@ class ServerError(PgcdcError):
         self.detail = detail
 
 
+class StatementTimedOut(ServerError):
+    """One of pgcdc's own catalog or preflight queries ran past its statement timeout."""
+
+
 class ReplicationStreamError(ServerError):
     """The server ended a replication stream with an error (slot dropped, walsender killed...)."""
 
@@ -118,6 +150,11 @@ class ConnectionFailed(PgcdcError):
 
 class AuthenticationFailed(ConnectionFailed):
     """The server rejected the credentials; check the password, .pgpass and pg_hba.conf."""
+
+
+class ConnectionTimedOut(ConnectionFailed):
+    """The server did not complete the connection within connect_timeout (a host that accepts
+    TCP but never answers, a firewall dropping packets, an overloaded server)."""
 
 
 # --- the durable change log ------------------------------------------------------------------
@@ -237,6 +274,32 @@ class SnapshotError(PgcdcError):
 class ReceiverProcessError(PgcdcError):
     """The pipeline's receiver process died, or failed with an error that could not be sent
     back as itself (the message names the original type)."""
+
+
+class StorageError(PgcdcError):
+    """A file or directory pgcdc writes (change log, consumer state, lake, checkpoint, spill)
+    could not be created or written: a full disk, a missing permission, a file in the way."""
+
+
+def storage_error(error: OSError) -> StorageError:
+    """``error`` as one line that names the path and what to do about it. Nothing confirmed to
+    the server is lost by a failed write: pgcdc confirms only what it has stored."""
+    import errno
+
+    where = f" ({error.filename})" if error.filename else ""
+    reason = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = (
+            "free space on that file system (or give the change log, lake or checkpoint a "
+            "bigger one), then run the same command again: it resumes from what was stored"
+        )
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "give pgcdc's user write access there, or point pgcdc at another directory"
+    elif error.errno in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        fix = "a file is where pgcdc needs a directory (or the reverse): give another path"
+    else:
+        fix = "fix the file system problem, then run the same command again"
+    return StorageError(f"{reason}{where}; {fix}")
 
 
 class PipelineQueryError(PgcdcError):

@@ -11,10 +11,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from psycopg import ProgrammingError
-from psycopg.conninfo import make_conninfo
-
-from pgcdc.errors import InvalidArgument
+from pgcdc.connection.conninfo import normalize
 from pgcdc.lsn import LSN
 
 PROG = "pgcdc"
@@ -44,7 +41,8 @@ def add_help_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def conninfo_from(args: argparse.Namespace) -> str:
-    """One libpq conninfo string from ``-d`` (name, conninfo or URI) and ``-h/-p/-U``."""
+    """One libpq conninfo string from ``-d`` (name, conninfo or URI) and ``-h/-p/-U``, with
+    pgcdc's default connect_timeout (see ``pgcdc.connection.conninfo.normalize``)."""
     base = getattr(args, "dbname", None) or ""
     overrides = {
         key: value
@@ -58,13 +56,7 @@ def conninfo_from(args: argparse.Namespace) -> str:
     if base and "=" not in base and "://" not in base:
         overrides["dbname"] = base  # a plain database name, as pg_recvlogical takes it
         base = ""
-    try:
-        return make_conninfo(base, **overrides)
-    except ProgrammingError as error:
-        raise InvalidArgument(
-            f"invalid connection string {base!r}: {error}; give a database name, "
-            "'host=... dbname=...' or postgresql://user@host:port/dbname"
-        ) from None
+    return normalize(base, **overrides)
 
 
 def lsn_argument(text: str) -> LSN:

@@ -6,10 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-import psycopg
-
 from pgcdc.cli.common import add_connection_arguments, add_help_argument, conninfo_from
 from pgcdc.connection import sql
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.server_errors import translated
 
 
@@ -32,7 +31,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     content: str | bytes = args.content if args.content is not None else sys.stdin.buffer.read()
-    with translated(), psycopg.connect(conninfo_from(args), autocommit=True) as conn:
+    with translated(), connect(conninfo_from(args)) as conn:
         lsn = sql.emit_message(conn, args.transactional, args.prefix, content)
     print(lsn)
     return 0

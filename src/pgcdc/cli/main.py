@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -21,7 +22,7 @@ from types import ModuleType
 from pgcdc import __version__
 from pgcdc.cli import recvlogical
 from pgcdc.cli.common import PROG, add_connection_arguments, add_help_argument, error_line
-from pgcdc.errors import PgcdcError
+from pgcdc.errors import PgcdcError, storage_error
 
 COMMAND_MODULES = (
     "pgcdc.cli.slots",
@@ -65,7 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What pgcdc creates (output files, the change log of --start --log) is private, as
+# pg_recvlogical's output file (0600); ``pipeline run --umask`` chooses its own.
+UMASK = 0o077
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    previous = os.umask(UMASK)
+    try:
+        return _main(argv)
+    finally:
+        os.umask(previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None) or getattr(args, "func", None)
@@ -78,15 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except recvlogical.UsageError as error:
         parser.error(str(error))
     except PgcdcError as error:
-        first, _, rest = str(error).partition("\n")
-        error_line(first)
-        if rest:
-            print(rest, file=sys.stderr)
-        return 1
+        return _report(error)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 1
+    except OSError as error:  # a file pgcdc writes: a full disk, a permission, a path
+        return _report(storage_error(error))
+
+
+def _report(error: PgcdcError) -> int:
+    first, _, rest = str(error).partition("\n")
+    error_line(first)
+    if rest:
+        print(rest, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

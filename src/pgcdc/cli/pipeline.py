@@ -60,6 +60,11 @@ def register(subparsers: Any) -> None:
     run.add_argument("--lake", metavar="PATH", help="Delta tables root (default ./lake)")
     run.add_argument("--checkpoint", metavar="PATH", help="Spark checkpoint (default ./checkpoint)")
     run.add_argument(
+        "--umask", metavar="OCTAL",
+        help="umask for the change log, lake and checkpoint (default 077: files 0600, "
+        "directories 0700; 027 lets the group read)",
+    )  # fmt: skip
+    run.add_argument(
         "--kinds", type=lambda s: [k for k in s.split(",") if k], metavar="LIST",
         help="table kinds: changelog,mirror,history (default all three)",
     )  # fmt: skip
@@ -92,6 +97,7 @@ def handle(args: argparse.Namespace) -> int:
             "changelog": args.changelog,
             "lake": args.lake,
             "checkpoint": args.checkpoint,
+            "umask": args.umask,
             "kinds": args.kinds,
             "master": args.master,
             "trigger_interval": args.trigger_interval,

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import psycopg
-
 from pgcdc import errors
 from pgcdc.cli.common import (
     conninfo_from,
@@ -36,6 +34,7 @@ from pgcdc.cli.common import (
 from pgcdc.cli.outputs import JsonOutput, TextOutput, open_output_file
 from pgcdc.connection.catalog import type_info
 from pgcdc.connection.commands import major_version
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.lsn import LSN
@@ -340,7 +339,7 @@ def _type_lookup(conninfo: str) -> Callable[[Iterable[int]], Mapping[int, TypeIn
     """Non-built-in types (enums, domains, arrays of them) from pg_type, as they appear."""
 
     def lookup(oids: Iterable[int]) -> Mapping[int, TypeInfo]:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
+        with connect(conninfo) as conn:
             return type_info(conn, oids)
 
     return lookup

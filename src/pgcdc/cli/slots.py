@@ -7,11 +7,10 @@ import json
 import sys
 from typing import Any
 
-import psycopg
-
 from pgcdc.cli.common import add_connection_arguments, add_help_argument, conninfo_from
 from pgcdc.cli.recvlogical import human_bytes
 from pgcdc.connection import server_errors
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.sql import SlotInfo, list_slots
 
 COLUMNS = ("slot", "plugin", "type", "database", "active", "confirmed", "lag", "retained",
@@ -31,7 +30,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with server_errors.translated(), psycopg.connect(conninfo_from(args), autocommit=True) as conn:
+    with server_errors.translated(), connect(conninfo_from(args)) as conn:
         slots = list_slots(conn)
     if args.json:
         json.dump([slot_to_json(slot) for slot in slots], sys.stdout, indent=2)

@@ -11,8 +11,6 @@ import argparse
 import sys
 from typing import Any
 
-import psycopg
-
 from pgcdc.cli.common import (
     add_connection_arguments,
     add_help_argument,
@@ -21,6 +19,7 @@ from pgcdc.cli.common import (
     plugin_option,
 )
 from pgcdc.connection import sql
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.server_errors import translated
 from pgcdc.errors import InvalidArgument
 from pgcdc.receiver import session_options
@@ -42,6 +41,11 @@ def register(subparsers: Any) -> None:
         parser.add_argument(
             "--binary", action="store_true", help="use the binary functions (pgoutput)"
         )
+        parser.add_argument(
+            "--publication", dest="publications", action="append", default=[], metavar="NAME",
+            help="publication a pgoutput slot decodes (repeatable; sets publication_names and "
+            "proto_version=1 unless -o gives them)",
+        )  # fmt: skip
         parser.set_defaults(handler=run, consume=name == "get")
 
 
@@ -62,13 +66,20 @@ def run(args: argparse.Namespace) -> int:
         "options": options,
     }
     rows: list[tuple[Any, int, str | bytes]]
+    if args.publications:
+        options.setdefault("publication_names", ",".join(args.publications))
     # The receiver's session settings: values print as its walsender (and the snapshot) print
     # them, whatever the database's or role's defaults (extra_float_digits, DateStyle, ...).
     session = session_options(conninfo)
     with (
         translated(),
-        psycopg.connect(conninfo, autocommit=True, options=session, client_encoding="UTF8") as conn,
+        connect(
+            conninfo, limit_statements=False, options=session, client_encoding="UTF8"
+        ) as conn,
     ):
+        slot = sql.get_slot(conn, args.slot)
+        if slot is not None and slot.plugin == "pgoutput":
+            _check_pgoutput(args, options)
         if args.binary:
             read_binary = sql.get_binary_changes if args.consume else sql.peek_binary_changes
             rows = list(read_binary(conn, args.slot, **kwargs))
@@ -81,3 +92,19 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"{lsn}\t{xid}\t".encode() + body + b"\n")
     out.flush()
     return 0
+
+
+def _check_pgoutput(args: argparse.Namespace, options: dict[str, sql.OptionValue]) -> None:
+    """pgoutput needs its publications and a protocol version, and writes binary messages:
+    say so before the server answers "client sent proto_version=0"."""
+    if "publication_names" not in options:
+        raise InvalidArgument(
+            f"slot {args.slot!r} decodes with pgoutput, which needs the publications to read: "
+            "pass --publication NAME (repeatable)"
+        )
+    options.setdefault("proto_version", "1")
+    if not args.binary:
+        raise InvalidArgument(
+            f"slot {args.slot!r} decodes with pgoutput, whose messages are binary: add --binary "
+            "(each prints as \\x hex)"
+        )

@@ -26,6 +26,7 @@ from psycopg import sql
 from pgcdc import errors
 from pgcdc.connection import server_errors
 from pgcdc.connection.catalog import ServerFacts, server_facts
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.sql import SlotInfo, create_logical_slot, drop_slot, list_slots
 
 QUERY_CANCELED = "57014"
@@ -61,7 +62,7 @@ def check(
 
     With ``create_slot`` a missing slot is fine as long as a replication slot is free.
     """
-    with server_errors.translated(), psycopg.connect(conninfo, autocommit=True) as conn:
+    with server_errors.translated(), connect(conninfo) as conn:
         facts = server_facts(conn)
         database = conn.info.dbname
         _check_server(conn, facts)

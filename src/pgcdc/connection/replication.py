@@ -33,6 +33,7 @@ from pgcdc.connection.commands import (
     SystemIdentity,
     TimelineHistory,
 )
+from pgcdc.connection.conninfo import timed_out
 from pgcdc.connection.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MAX_SEND_TIME,
@@ -72,11 +73,11 @@ _CONNECT_ARGS: dict[str, Any] = {"replication": "database", "autocommit": True}
 
 def _connect_error(error: psycopg.OperationalError) -> errors.PgcdcError:
     """A typed error for a failed connection attempt (libpq gives text, rarely a SQLSTATE)."""
-    message = str(error)
+    message = " ".join(str(error).split())  # libpq's text spans lines; the CLI prints one
     lowered = message.lower()
     if "password authentication failed" in lowered or "no password supplied" in lowered:
         return errors.AuthenticationFailed(
-            f"{message}\nCheck the user's password (conninfo, PGPASSWORD or ~/.pgpass) and the "
+            f"{message}; check the user's password (conninfo, PGPASSWORD or ~/.pgpass) and the "
             "authentication method pg_hba.conf requires for this host"
         )
     if "replication" in lowered and (
@@ -84,7 +85,7 @@ def _connect_error(error: psycopg.OperationalError) -> errors.PgcdcError:
     ):
         return translate("42501", message)
     return errors.ConnectionFailed(
-        f"{message}\nCheck host, port, TLS settings (sslmode, sslrootcert) and that the server "
+        f"{message}; check host, port, TLS settings (sslmode, sslrootcert) and that the server "
         "accepts replication connections for this user and database in pg_hba.conf"
     )
 
@@ -621,6 +622,8 @@ class ReplicationConnection(_ConnectionBase):
         """Connect as libpq would (conninfo or URI, PG* variables, .pgpass, TLS, SCRAM)."""
         try:
             connection = psycopg.Connection.connect(conninfo, **{**kwargs, **_CONNECT_ARGS})
+        except psycopg.errors.ConnectionTimeout:
+            raise timed_out(conninfo) from None
         except psycopg.OperationalError as error:
             raise _connect_error(error) from None
         return cls(connection)
@@ -722,6 +725,8 @@ class AsyncReplicationConnection(_ConnectionBase):
             connection = await psycopg.AsyncConnection.connect(
                 conninfo, **{**kwargs, **_CONNECT_ARGS}
             )
+        except psycopg.errors.ConnectionTimeout:
+            raise timed_out(conninfo) from None
         except psycopg.OperationalError as error:
             raise _connect_error(error) from None
         return cls(connection)

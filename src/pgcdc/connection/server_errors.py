@@ -26,6 +26,7 @@ CONFIGURATION_LIMIT_EXCEEDED = "53400"
 TOO_MANY_CONNECTIONS = "53300"
 INSUFFICIENT_PRIVILEGE = "42501"
 UNDEFINED_FILE = "58P01"
+QUERY_CANCELED = "57014"
 
 _ACTIVE_PID = re.compile(r"is active for PID (\d+)")
 _SLOT_NAME = re.compile(r'replication slot "([^"]*)"')
@@ -136,11 +137,25 @@ def translate(
             f"pg_drop_replication_slot('{slot_name}')), recreate it, then take a new initial "
             "snapshot"
         )
+    if sqlstate == QUERY_CANCELED and "statement timeout" in message:
+        return errors.StatementTimedOut(
+            f"{message}: a catalog query of pgcdc's ran longer than statement_timeout; look for "
+            "a lock holding it up (SELECT * FROM pg_locks WHERE NOT granted), or raise the "
+            "timeout: PGCDC_STATEMENT_TIMEOUT=SECONDS (0 for none), or your own "
+            "statement_timeout (the role's, or options='-c statement_timeout=...')",
+            sqlstate=sqlstate,
+            detail=detail,
+        )
     return errors.ServerError(message, sqlstate=sqlstate, detail=detail)
 
 
 def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:
     """``translate`` for a psycopg exception, including refused connections (no SQLSTATE)."""
+    if isinstance(error, psycopg.errors.ConnectionTimeout):
+        return errors.ConnectionTimedOut(
+            f"{error}: the server did not answer within connect_timeout; check host and port, "
+            "or raise connect_timeout in the conninfo (or PGCONNECT_TIMEOUT)"
+        )
     diag = error.diag
     if diag.sqlstate and diag.message_primary:
         return translate(
@@ -148,6 +163,7 @@ def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:
         )
     text = str(error).strip()
     fatal = _FATAL.search(text)
+    text = " ".join(text.split())  # libpq's text spans lines; the CLI prints one
     if fatal:
         translated = translate(None, fatal.group("message").strip(), fatal.group("detail"))
         if type(translated) is not errors.ServerError:

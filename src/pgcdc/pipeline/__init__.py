@@ -15,6 +15,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     changelog = "./changelog"
     lake = "./lake"
     checkpoint = "./checkpoint"
+    umask = "077"                 # files 0600, directories 0700 (the default)
 
     [tables]
     kinds = ["changelog", "mirror", "history"]
@@ -29,7 +30,11 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
+import math
+import os
+import re
 import threading
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -37,11 +42,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
+from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.sql import get_slot
-from pgcdc.errors import InvalidOption, PipelineQueryError
+from pgcdc.errors import (
+    InvalidOption,
+    PgcdcError,
+    PipelineQueryError,
+    SlotNotFound,
+    StorageError,
+)
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
@@ -52,6 +62,14 @@ from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, sta
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MODES = ("initial", "never")
+# Change data is production data: files 0600 and directories 0700 unless configured otherwise.
+DEFAULT_UMASK = 0o077
+# Spark's master URL forms (SparkContext.createTaskScheduler); others fail deep inside the JVM.
+_MASTER = re.compile(
+    r"local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+    r"|(spark|mesos|k8s)://\S+|yarn"
+)
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,9 @@ class Settings:
     changelog: str = "./changelog"
     lake: str = "./lake"
     checkpoint: str = "./checkpoint"
+    # The umask the pipeline (and its receiver process, Spark's JVM and Hadoop's file system)
+    # creates the change log, consumer state, lake and checkpoint with.
+    umask: int = DEFAULT_UMASK
     kinds: tuple[SinkKind, ...] = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
     table_kinds: Mapping[str, tuple[SinkKind, ...]] = field(default_factory=dict)
     master: str = "local[*]"
@@ -112,6 +133,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
+    "umask": ("paths", "umask", str),
     "master": ("spark", "master", str),
     "trigger_interval": ("spark", "trigger_interval", (int, float)),
     "max_changes_per_batch": ("spark", "max_changes_per_batch", int),
@@ -130,6 +152,7 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
             raise InvalidOption(f"cannot read the pipeline config {path}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise InvalidOption(f"{path} is not valid TOML: {exc}") from None
+    _check_keys(path, data)
     values: dict[str, Any] = {}
     for name, (section, key, kind) in _KEYS.items():
         table = data.get(section, {})
@@ -159,12 +182,141 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
             "no source database: pass -d/--dbname (a conninfo or URI) or set [source] conninfo "
             "in the config file"
         )
-    return Settings(**values)
+    values["conninfo"] = normalize(values["conninfo"])
+    if "umask" in values:
+        values["umask"] = parse_umask(values["umask"])
+    settings = Settings(**values)
+    _validate(settings)
+    return settings
+
+
+def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
+    """Refuse unknown sections and keys: a misspelt key silently ignored leaves a setting at
+    its default (``slot_name`` streaming from slot "pgcdc"). Names the closest valid key."""
+    sections: dict[str, list[str]] = {}
+    for section, key, _ in _KEYS.values():
+        sections.setdefault(section, []).append(key)
+    sections["tables"] = ["kinds"]
+
+    def unknown(what: str, name: str, choices: list[str], where: str = "") -> InvalidOption:
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return InvalidOption(
+            f"{path}: unknown {what} {name!r}{where}; {hint}valid: {', '.join(choices)} "
+            "(see docs/pipeline.md)"
+        )
+
+    for section, table in data.items():
+        if section not in sections:
+            raise unknown("section", f"[{section}]", [f"[{s}]" for s in sections])
+        if not isinstance(table, dict):
+            raise InvalidOption(f"{path}: [{section}] must be a table of keys, not {table!r}")
+        for key in table:
+            if section == "tables" and (key == "kinds" or "." in key):
+                continue  # "schema.table" = [kinds]
+            if key in sections[section]:
+                continue
+            home = next((s for s, keys in sections.items() if key in keys), None)
+            if home is not None:
+                raise InvalidOption(f"{path}: {key!r} belongs in [{home}], not in [{section}]")
+            where = f" in [{section}]"
+            if section == "tables":
+                where += " (a table is named schema.table)"
+            raise unknown("key", key, sections[section], where)
+
+
+def parse_umask(value: str | int) -> int:
+    """An octal umask ("077", "0027") as an int; InvalidOption when it is not one."""
+    if isinstance(value, int):
+        number = value
+    else:
+        try:
+            number = int(value, 8)
+        except ValueError:
+            number = -1
+    if not 0 <= number <= 0o777:
+        raise InvalidOption(
+            f"umask = {value!r}: give an octal umask such as 077 (files 0600, directories "
+            "0700: the default) or 027 (group may read)"
+        )
+    return number
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """The process umask set to ``mask`` for the block: what the receiver process and Spark's
+    JVM inherit when they start, and what delta-rs creates the lake's files with."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _validate(settings: Settings) -> None:
+    """Refuse what would otherwise fail later, deep in Spark or in the receiver process."""
+    if not _MASTER.fullmatch(settings.master):
+        raise InvalidOption(
+            f"master = {settings.master!r} is not a Spark master URL; use local[*], local[N], "
+            "spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+    interval = settings.trigger_interval
+    if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
+        raise InvalidOption(
+            f"trigger_interval = {interval!r}: give the seconds between batches, 0 or more"
+        )
+    for name in ("snapshot_workers", "max_changes_per_batch", "max_bytes_per_batch"):
+        value = getattr(settings, name)
+        if value is not None and value <= 0:
+            raise InvalidOption(f"{name} = {value!r}: give a positive integer")
+    for name in ("changelog", "lake", "checkpoint"):
+        path = Path(getattr(settings, name))
+        if path.exists() and not path.is_dir():
+            raise InvalidOption(
+                f"{name} = {str(path)!r} is a file, not a directory; give a directory "
+                f"(it is created when missing)"
+            )
+
+
+def query_failure(error: Any) -> PgcdcError:
+    """A failed query as one line: the Python error a foreachBatch raised (Spark wraps it in a
+    Java stack), a full disk as a StorageError that says what to do."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines()]
+    spark = ("org.", "java.", "scala.", "py4j.", "pyspark.")
+    python = [m for m in map(_PYTHON_ERROR.match, lines) if m and not m[1].startswith(spark)]
+    reason = python[-1].group(0) if python else next((line for line in lines if line), "")
+    if re.search(r"No space left on device|os error 28|Errno 28", text):
+        return StorageError(
+            f"the lake or the checkpoint is out of space ({reason}); free space on that file "
+            "system, then run the same command again: it resumes from what was stored"
+        )
+    return PipelineQueryError(f"the pipeline query failed: {reason or type(error).__name__}")
+
+
+def missing_slot(settings: Settings) -> SlotNotFound:
+    return SlotNotFound(
+        f"replication slot {settings.slot!r} does not exist, and create_slot = false "
+        "(--no-create-slot) forbids creating it; create it first (pgcdc --create-slot -S "
+        f"{settings.slot} -P pgoutput -d ...; the pipeline then takes no initial snapshot), "
+        "or leave out --no-create-slot to let the pipeline create it with a snapshot"
+    )
+
+
+def _start_checks(settings: Settings) -> LSN:
+    """Before anything starts: the server answers, the slot is there unless it may be created.
+    Returns the server's current WAL position (what ``--once`` drains up to)."""
+    with connect(settings.conninfo) as conn:
+        if not settings.create_slot and get_slot(conn, settings.slot) is None:
+            raise missing_slot(settings)
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return LSN.parse(row[0])
 
 
 def current_wal_lsn(conninfo: str) -> LSN:
     """The server's current WAL insert position: what ``--once`` drains up to."""
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with connect(conninfo) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
     assert row is not None
     return LSN.parse(row[0])
@@ -187,8 +339,11 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
     that already holds transactions) means the pipeline has started before: nothing to do."""
     if settings.snapshot != "initial" or writer.last_commit_lsn > 0:
         return None
-    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
-        if get_slot(conn, settings.slot) is not None:
+    with connect(settings.conninfo) as conn:
+        exists = get_slot(conn, settings.slot) is not None
+        if not exists and not settings.create_slot:
+            raise missing_slot(settings)
+        if exists:
             log.warning(
                 "slot %s already exists, so no initial snapshot was taken: the lake will hold "
                 "only changes the slot streams (drop the slot to start over with a snapshot)",
@@ -214,7 +369,24 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
 
 @contextlib.contextmanager
 def _session(settings: Settings) -> Iterator[Any]:
-    spark = spark_session(settings.master, "pgcdc-pipeline", **dict(settings.spark_conf))
+    # Hadoop's local file system (the checkpoint) chmods what it creates by its own umask.
+    conf = {"spark.hadoop.fs.permissions.umask-mode": f"{settings.umask:03o}"}
+    conf.update(settings.spark_conf)
+    try:
+        spark = spark_session(settings.master, "pgcdc-pipeline", **conf)
+    except Exception as exc:
+        raise PipelineQueryError(
+            f"Spark did not start with master {settings.master!r}: "
+            f"{next(iter(str(exc).splitlines()), type(exc).__name__)}; check the master URL "
+            "and [spark] conf"
+        ) from None
+    # The query's failure is reported as one typed line (query_failure); Spark's own log of
+    # it is a Java stack with the Python traceback inside.
+    with contextlib.suppress(Exception):
+        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming",
+            spark._jvm.org.apache.logging.log4j.Level.FATAL,
+        )
     try:
         yield spark
     finally:
@@ -234,7 +406,11 @@ def run(
     until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly."""
     stop = stop or threading.Event()
     with contextlib.ExitStack() as stack:
-        end_lsn = current_wal_lsn(settings.conninfo) if once else None
+        stack.enter_context(umask(settings.umask))
+        # Connecting first also makes a wrong password or a down server fail before Spark
+        # starts (seconds of JVM start-up, then a stack of logs around the one line).
+        current = _start_checks(settings)
+        end_lsn = current if once else None
         # A process of its own: in a thread the receiver shared the GIL with foreachBatch.
         # It starts first and logs while the Spark session starts (seconds); if that fails,
         # the stack stops it.
@@ -274,7 +450,7 @@ def run(
             raise receiver.error
         error = query.exception()
         if error is not None:
-            raise PipelineQueryError(f"the pipeline query failed: {error}")
+            raise query_failure(error)
 
 
 def with_overrides(settings: Settings, **changes: Any) -> Settings:

@@ -28,7 +28,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pgcdc
-from pgcdc.errors import ReceiverProcessError
+from pgcdc.errors import ReceiverProcessError, storage_error
 from pgcdc.lsn import LSN
 from pgcdc.receiver import ReceiverProgress
 
@@ -124,6 +124,8 @@ def _child(messages: Connection, control: Connection) -> None:
         progress = receive(settings, end_lsn, stop)
     except BaseException as exc:
         text = "".join(traceback.format_exception(exc))
+        if isinstance(exc, OSError):  # its filename does not survive the pipe: say it here
+            exc = storage_error(exc)
         with lock:
             messages.send(("error", _portable(exc), text))
         return

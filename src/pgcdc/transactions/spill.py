@@ -23,6 +23,7 @@ import fcntl
 import os
 import pickle
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -87,6 +88,24 @@ def clean_stale(root: Path) -> list[Path]:
     return removed
 
 
+def check_root(root: Path) -> None:
+    """Refuse a spill root another user controls: in a world-writable directory without the
+    sticky bit, or one owned by someone else (who pre-created /tmp/pgcdc-spill), that user
+    could read, swap or remove the spilled transactions. Root-owned roots (/tmp) are trusted."""
+    info = root.stat()
+    if info.st_uid not in (os.geteuid(), 0):
+        raise SpillError(
+            f"the spill directory {root} belongs to another user (uid {info.st_uid}), who could "
+            "read or change spilled transactions; set spill_dir to a directory of your own"
+        )
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        raise SpillError(
+            f"the spill directory {root} is world-writable without the sticky bit, so any user "
+            f"could remove or replace spilled transactions; chmod o-w {root} (or chmod +t), or "
+            "set spill_dir to a private directory"
+        )
+
+
 class SpillDirectory:
     """One assembler's private spill directory, created on first use, removed on close."""
 
@@ -99,6 +118,7 @@ class SpillDirectory:
                 f"cannot create the spill directory {self.root}: {exc}; set spill_dir to a "
                 "writable directory"
             ) from exc
+        check_root(self.root)
         self.removed_at_start = clean_stale(self.root)
         self._path: Path | None = None
         self._lock_fd: int | None = None

@@ -1,0 +1,61 @@
+"""``pipeline run`` refuses a config it would otherwise misread: a misspelt key (named with
+the closest valid one), and --no-create-slot for a slot that does not exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.helpers import assert_one_line_error, pgcdc
+from tests.conftest import Database
+
+
+def _slots(db: Database) -> int:
+    return int(
+        db.scalar("SELECT count(*) FROM pg_replication_slots WHERE database = %s", (db.name,))
+    )
+
+
+@pytest.mark.parametrize("snapshot", ["initial", "never"])
+def test_no_create_slot_refuses_a_missing_slot(db: Database, tmp_path: Path, snapshot: str) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    db.execute("INSERT INTO t VALUES (1)")
+    db.execute("CREATE PUBLICATION cdc FOR TABLE t")
+    result = pgcdc(
+        "pipeline", "run", "-d", db.conninfo(), "--slot", "absent", "--publication", "cdc",
+        "--no-create-slot", "--snapshot", snapshot, "--once", "--master", "local[1]",
+        "--changelog", str(tmp_path / "log"), "--lake", str(tmp_path / "lake"),
+        "--checkpoint", str(tmp_path / "checkpoint"), cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert_one_line_error(result, "'absent'", "does not exist", "pgcdc --create-slot -S absent")
+    assert _slots(db) == 0
+    assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "needles"),
+    [
+        ('[source]\nslot_name = "mine"\n', ["'slot_name'", "did you mean 'slot'"]),
+        (
+            "[spark]\ntriger_interval = 1\n",
+            ["'triger_interval'", "did you mean 'trigger_interval'"],
+        ),
+        ('[paths]\nlakes = "x"\n', ["'lakes'", "did you mean 'lake'"]),
+        ('[sorce]\nslot = "x"\n', ["'[sorce]'", "did you mean '[source]'"]),
+        ('[source]\nmaster = "local[1]"\n', ["'master' belongs in [spark]"]),
+        ('[tables]\nkind = ["mirror"]\n', ["'kind'", "did you mean 'kinds'"]),
+        ("[spark]\nmax_changes_per_batch = 0\n", ["max_changes_per_batch", "positive"]),
+    ],
+)
+def test_unknown_or_misplaced_keys_name_the_closest_valid_one(
+    db: Database, tmp_path: Path, toml: str, needles: list[str]
+) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(toml)
+    result = pgcdc(
+        "pipeline", "run", "--config", str(config), "-d", db.conninfo(), "--once", cwd=tmp_path
+    )
+    line = assert_one_line_error(result, *needles)
+    assert str(config) in line or "positive" in line
+    assert _slots(db) == 0
