@@ -44,7 +44,7 @@ from pgcdc.connection.sql import get_slot
 from pgcdc.errors import InvalidOption, PipelineQueryError
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
-from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
+from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPolicy
 from pgcdc.sinks import SinkKind
 from pgcdc.snapshot import SnapshotResult, take_snapshot
 from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, start
@@ -76,6 +76,8 @@ class Settings:
     max_changes_per_batch: int | None = None
     max_bytes_per_batch: int | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # How the receiver rides out server faults (restarts, a terminated walsender).
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def pipeline(self) -> PipelineConfig:
         return PipelineConfig(
@@ -174,10 +176,11 @@ def receive(
     settings: Settings, end_lsn: LSN | None, stop: threading.Event | None
 ) -> ReceiverProgress:
     """Run the receiver into the change log until ``end_lsn`` or ``stop``, after the initial
-    snapshot when this is the pipeline's first start."""
+    snapshot when this is the pipeline's first start. Server faults a new session can get
+    past are retried as ``settings.retry`` says; the others end the run with their error."""
     with ChangeLog(settings.changelog).writer() as writer:
         initial_snapshot(settings, writer)
-        return Receiver(settings.receiver(end_lsn), writer).run(stop)
+        return Receiver(settings.receiver(end_lsn), writer).run(stop, retry=settings.retry)
 
 
 def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult | None:
