@@ -53,7 +53,7 @@ from pgcdc.decoding.pgoutput import (
     max_proto_version,
 )
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
-from pgcdc.errors import InvalidOption, SlotInUse
+from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound
 from pgcdc.events import Delete, Event, Insert, Message, RowRun, Truncate, Update
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
@@ -502,6 +502,8 @@ class Receiver:
             except errors.PgcdcError as error:
                 delay = backoff.failed(error, started, clock())
                 if delay is None or stop.is_set():
+                    if isinstance(error, SlotNotFound) and self._slot_ready:
+                        raise self._slot_lost(error) from error
                     if delay is None and backoff.failures:
                         error.add_note(f"gave up after {backoff.failures} reconnection attempts")
                     raise
@@ -509,6 +511,16 @@ class Receiver:
             if stop.wait(delay):
                 self._publish("stop")
                 return self.progress
+
+    def _slot_lost(self, error: SlotNotFound) -> SlotNotFound:
+        """The slot went away between sessions: say what that means for the data."""
+        return SlotNotFound(
+            f"replication slot {self.options.slot!r} was dropped while pgcdc streamed from it "
+            f"({first_line(error)}): what is stored is complete up to {LSN(self._durable)}, "
+            "but the changes after that are gone with the slot, and a new slot would start "
+            "after a gap; start over with a new initial snapshot into a new destination (for "
+            "pgcdc pipeline: a new change log, lake and checkpoint)"
+        )
 
     def _session(self, stop: threading.Event) -> ReceiverProgress:
         """One replication session: connect, stream, flush and confirm."""
