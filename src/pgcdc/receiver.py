@@ -382,10 +382,13 @@ class Receiver:
         sink: TransactionSink,
         *,
         on_progress: Callable[[ReceiverProgress], None] | None = None,
+        on_confirm: Callable[[LSN], None] | None = None,
     ) -> None:
         self.options = options
         self.sink = sink
         self.on_progress = on_progress
+        # Told each position before it is confirmed to the server (the pipeline records it).
+        self.on_confirm = on_confirm
         self.progress = ReceiverProgress()
         self._transactions = 0
         self._changes = 0
@@ -777,6 +780,8 @@ class Receiver:
         # not have arrived (and be held) yet, so never confirm beyond what the stream has shown.
         target = min(target, self._seen_lsn)
         if target > stream.confirmed_lsn:
+            if self.on_confirm is not None:
+                self.on_confirm(LSN(target))
             stream.confirm(LSN(target))
 
     def _publish(self, stopped_by: str | None) -> None:

@@ -7,7 +7,6 @@ retry cannot fix (a dropped publication or slot) end the run with their typed er
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
 # Short waits so the tests do not idle; the policy itself is tested in tests/receiver.
 FAST_RETRY = RetryPolicy(initial=0.2, maximum=1.0, jitter=0.5)
 SLOT = "rc"
-Row = tuple[str | None, ...]
+Row = tuple[Any, ...]
 
 
 def _settings(conninfo: str, tmp_path: Path, **changes: Any) -> pipeline.Settings:
@@ -104,7 +103,8 @@ class Workload:
         first = batch * 10
         with conn.transaction():
             conn.execute(
-                "INSERT INTO items SELECT g, md5(g::text), 0 FROM generate_series(%s::int, %s::int) g",
+                "INSERT INTO items SELECT g, md5(g::text), 0 "
+                "FROM generate_series(%s::int, %s::int) g",
                 (first, first + 9),
             )
             # Earlier rows change and go: every change is distinct (n counts the updates).
@@ -125,11 +125,11 @@ def _replayed(log: Path) -> tuple[dict[str, Row], list[tuple[str, Row]], list[in
         for event in txn.events:
             if isinstance(event, Insert | Update):
                 row = tuple(event.new)
-                rows[row[0]] = row
+                rows[str(row[0])] = row
                 changes.append((type(event).__name__, row))
             elif isinstance(event, Delete):
                 row = tuple(event.old)
-                del rows[row[0]]
+                del rows[str(row[0])]
                 changes.append(("Delete", row))
     return rows, changes, xids
 
