@@ -383,12 +383,16 @@ class Receiver:
         *,
         on_progress: Callable[[ReceiverProgress], None] | None = None,
         on_confirm: Callable[[LSN], None] | None = None,
+        before_session: Callable[[], None] | None = None,
     ) -> None:
         self.options = options
         self.sink = sink
         self.on_progress = on_progress
         # Told each position before it is confirmed to the server (the pipeline records it).
         self.on_confirm = on_confirm
+        # Called before each session connects, inside the retries: the pipeline checks there
+        # that the slot is still the one its change log is filled from.
+        self.before_session = before_session
         self.progress = ReceiverProgress()
         self._transactions = 0
         self._changes = 0
@@ -528,6 +532,8 @@ class Receiver:
     def _session(self, stop: threading.Event) -> ReceiverProgress:
         """One replication session: connect, stream, flush and confirm."""
         options = self.options
+        if self.before_session is not None:
+            self.before_session()
         conn = self._while_slot_busy(self._connect, stop)
         self._slot_ready = True
         stopped_by: str | None = None

@@ -18,7 +18,7 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
-from pgcdc.errors import PublicationNotFound, SlotNotFound
+from pgcdc.errors import PublicationNotFound, SlotNotFound, SlotReplaced
 from pgcdc.events import Delete, Insert, Update
 from pgcdc.localpg import LocalCluster, wait_until
 from pgcdc.lsn import LSN
@@ -307,6 +307,31 @@ def test_a_dropped_slot_ends_the_run_with_a_typed_error(
     assert str(process.error).count("\n") == 0
     assert f"slot '{SLOT}' was dropped while pgcdc streamed from it" in str(process.error)
     assert "new change log, lake and checkpoint" in str(process.error)
+
+
+def test_a_slot_recreated_while_the_receiver_reconnects_ends_the_run_with_a_typed_error(
+    db: Database, tmp_path: Path
+) -> None:
+    conninfo = db.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
+    process.start()
+    try:
+        _new_walsender(conninfo, None)
+        db.execute("INSERT INTO items VALUES (1, 'a', 0)")
+        _until_dropped(conninfo, f"SELECT pg_drop_replication_slot('{SLOT}')")
+        db.execute("INSERT INTO items VALUES (2, 'in the gap', 0)")
+        db.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
+        process.join(120)
+        assert not process.is_alive()
+    finally:
+        process.stop()
+        process.join(60)
+    assert isinstance(process.error, SlotReplaced), process.error
+    assert "dropped and created again" in str(process.error)
+    assert str(process.error).count("\n") == 0
+    logged = [row[0] for _, row in _replayed(tmp_path / "log")[1]]
+    assert "2" not in logged
 
 
 def test_a_dropped_publication_ends_the_run_with_a_typed_error(

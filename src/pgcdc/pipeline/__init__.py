@@ -40,6 +40,7 @@ from typing import Any
 import psycopg
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
+from pgcdc.connection import server_errors
 from pgcdc.connection.sql import create_logical_slot, get_slot
 from pgcdc.errors import InvalidOption, PipelineQueryError
 from pgcdc.lsn import LSN
@@ -181,12 +182,19 @@ def receive(
     filled from (``claim_slot``). Server faults a new session can get past are retried as
     ``settings.retry`` says; the others end the run with their error."""
     with ChangeLog(settings.changelog).writer() as writer:
-        guard = claim_slot(settings, writer)
-        receiver = Receiver(settings.receiver(end_lsn), writer, on_confirm=guard)
+        guard = ConfirmGuard(settings.changelog)
+
+        def claim() -> None:
+            # Before every session: a slot replaced while the receiver was away is refused.
+            guard.origin = claim_slot(settings, writer)
+
+        receiver = Receiver(
+            settings.receiver(end_lsn), writer, on_confirm=guard, before_session=claim
+        )
         return receiver.run(stop, retry=settings.retry)
 
 
-def claim_slot(settings: Settings, writer: ChangeLogWriter) -> ConfirmGuard | None:
+def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None:
     """Make sure the slot can fill this change log without a gap, and keep recording it.
 
     A log that holds transactions (or has a recorded slot) goes on only with the same slot,
@@ -194,11 +202,15 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> ConfirmGuard | No
     a typed error saying how to start over, never a new slot. A new log starts with a new slot:
     with ``snapshot = "initial"`` a snapshot of the published tables (only a new slot exports
     the snapshot that matches its start), else the slot is created here, so that its start is
-    recorded before anything streams. None: no slot to record (the receiver reports it)."""
+    recorded before anything streams. None: no slot to record (the receiver reports it).
+    Connection errors are typed, so the receiver's retries ride them out."""
     root = settings.changelog
     origin = load_origin(root)
     fresh = origin is None and writer.last_commit_lsn == 0
-    with psycopg.connect(settings.conninfo, autocommit=True) as conn:
+    with (
+        server_errors.translated(),
+        psycopg.connect(settings.conninfo, autocommit=True) as conn,
+    ):
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
         if not fresh:
@@ -223,10 +235,9 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> ConfirmGuard | No
         result = initial_snapshot(settings, writer)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
-    if origin is None:
-        return None
-    save_origin(root, origin)
-    return ConfirmGuard(root, origin)
+    if origin is not None:
+        save_origin(root, origin)
+    return origin
 
 
 def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult:

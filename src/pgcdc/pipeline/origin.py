@@ -99,15 +99,17 @@ def save_origin(log_root: str, origin: SlotOrigin) -> None:
 
 
 class ConfirmGuard:
-    """The receiver's ``on_confirm``: records each position before it is confirmed."""
+    """The receiver's ``on_confirm``: records each position before it is confirmed to the
+    slot in ``origin`` (None until the slot is claimed: then nothing streams)."""
 
-    def __init__(self, log_root: str, origin: SlotOrigin) -> None:
+    def __init__(self, log_root: str, origin: SlotOrigin | None = None) -> None:
         self._root = log_root
         self.origin = origin
 
     def __call__(self, lsn: LSN) -> None:
-        if lsn > self.origin.confirmed_bound:
-            self.origin = replace(self.origin, confirmed_bound=LSN(lsn))
+        origin = self.origin
+        if origin is not None and lsn > origin.confirmed_bound:
+            self.origin = replace(origin, confirmed_bound=LSN(lsn))
             save_origin(self._root, self.origin)
 
 
