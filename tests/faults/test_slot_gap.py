@@ -19,10 +19,10 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
-from pgcdc.errors import SlotInvalidated, SlotNotFound, SlotReplaced
+from pgcdc.errors import ChangeLogError, SlotInvalidated, SlotNotFound, SlotReplaced
 from pgcdc.localpg import LocalCluster, wait_until
 from pgcdc.lsn import LSN
-from pgcdc.pipeline.origin import STATE_NAME
+from pgcdc.pipeline.origin import STATE_NAME, load_origin
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
@@ -206,3 +206,18 @@ def test_a_log_without_a_record_is_checked_against_its_end(db: Database, tmp_pat
     _execute(conninfo, f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
     with pytest.raises(SlotReplaced, match="records no slot"):
         _receive(settings)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{",
+        '{"slot": "gap"}',
+        '{"slot": "gap", "database": "d", "created_lsn": "x", "confirmed_bound": "0/1"}',
+    ],
+)
+def test_a_damaged_record_is_a_typed_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / STATE_NAME).write_text(text)
+    with pytest.raises(ChangeLogError, match="is damaged"):
+        load_origin(str(tmp_path))

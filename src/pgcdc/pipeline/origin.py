@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 
 from pgcdc.changelog import ChangeLog
 from pgcdc.connection.sql import SlotInfo
-from pgcdc.errors import SlotInvalidated, SlotNotFound, SlotReplaced
+from pgcdc.errors import ChangeLogError, SlotInvalidated, SlotNotFound, SlotReplaced
 from pgcdc.lsn import LSN
 
 __all__ = ["STATE_NAME", "ConfirmGuard", "SlotOrigin", "load_origin", "save_origin", "verify"]
@@ -72,7 +72,14 @@ def load_origin(log_root: str) -> SlotOrigin | None:
             text = stream.read().decode()
     except FileNotFoundError:
         return None
-    return SlotOrigin.from_json(text)
+    try:
+        return SlotOrigin.from_json(text)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ChangeLogError(
+            f"{path} is damaged ({type(error).__name__}: {error}), so the slot this change log "
+            "is filled from cannot be checked; restore the file from a backup, or start over "
+            "with new, empty paths.changelog, paths.lake and paths.checkpoint"
+        ) from None
 
 
 def save_origin(log_root: str, origin: SlotOrigin) -> None:
