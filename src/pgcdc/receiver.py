@@ -165,6 +165,7 @@ class Backoff:
         self.policy = policy
         self._uniform = uniform
         self.failures = 0  # in a row, since the last session that counted as a success
+        self._delay = policy.initial  # the next delay before jitter, grown step by step
 
     def failed(self, error: BaseException, started: float, now: float) -> float | None:
         policy = self.policy
@@ -172,9 +173,12 @@ class Backoff:
             return None
         if now - started >= policy.reset_after:
             self.failures = 0
+            self._delay = policy.initial
         if policy.attempts is not None and self.failures >= policy.attempts:
             return None
-        delay = min(policy.maximum, policy.initial * policy.multiplier**self.failures)
+        delay = self._delay
+        # Capped at every step, so a days-long outage never overflows a float.
+        self._delay = min(policy.maximum, delay * policy.multiplier)
         self.failures += 1
         return delay * (1.0 - policy.jitter * self._uniform())
 

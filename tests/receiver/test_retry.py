@@ -48,6 +48,12 @@ def test_delays_double_up_to_the_cap() -> None:
     assert backoff.failures == 6
 
 
+def test_a_long_outage_stays_at_the_cap() -> None:
+    backoff = Backoff(RetryPolicy(initial=1.0, maximum=60.0, multiplier=1e6, jitter=0.0))
+    delays = [backoff.failed(LOST, 0.0, 0.0) for _ in range(5000)]
+    assert delays[:2] == [1.0, 60.0] and set(delays[1:]) == {60.0}
+
+
 def test_jitter_takes_away_up_to_its_share_of_the_delay() -> None:
     draws = iter([0.0, 1.0, 0.5])
     backoff = Backoff(RetryPolicy(initial=4.0, jitter=0.5), uniform=lambda: next(draws))
