@@ -77,6 +77,12 @@ class SlotInvalidated(ConfigurationError):
     pass
 
 
+class SlotReplaced(ConfigurationError):
+    """The slot a change log was filled from was dropped and created again, advanced by
+    another client, or is another slot: streaming it would leave a gap in the log, so pgcdc
+    refuses; the message says how to start over."""
+
+
 class PublicationNotFound(ConfigurationError):
     pass
 

@@ -16,6 +16,11 @@ once:
   the server recycle WAL.
 - Synchronous replication works: flush feedback goes out right after each fsync, so with
   ``fsync_interval=0`` a commit on the server returns once pgcdc has logged it.
+- Server faults are ridden out: ``run(retry=...)`` reconnects after a lost connection, a
+  terminated walsender or a restarting server, waiting as a ``Backoff`` says. The backoff is a
+  pure policy (a failure and the clock in, a delay or "give up" out), so it is tested without
+  a server; the loop around it only connects, waits and logs. Each new session resumes from
+  the slot's confirmed position and the dedupe above drops what the sink already holds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import contextlib
 import gc
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -35,6 +41,7 @@ from typing import TypeVar
 from psycopg._encodings import pg2pyenc
 from psycopg.conninfo import conninfo_to_dict
 
+from pgcdc import errors
 from pgcdc.connection import preflight
 from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.connection.protocol import XLogData
@@ -47,7 +54,7 @@ from pgcdc.decoding.pgoutput import (
     max_proto_version,
 )
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
-from pgcdc.errors import InvalidOption, SlotInUse
+from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound
 from pgcdc.events import (
     Delete,
     Event,
@@ -69,9 +76,13 @@ from pgcdc.transactions import (
 
 __all__ = [
     "DEFAULT_SESSION_SETTINGS",
+    "Backoff",
     "Receiver",
     "ReceiverOptions",
     "ReceiverProgress",
+    "RetryPolicy",
+    "first_line",
+    "retryable",
     "session_options",
 ]
 
@@ -114,6 +125,93 @@ _RUN_STARTS = (Insert, Update, Delete)
 _RUN_ROW_START = RowRun.HEADER_BYTES
 RUN_MAX_ROWS = 4096
 RUN_MAX_BYTES = 1 << 20
+# SQLSTATE classes a new session can get past: 08 connection exception, 57 operator
+# intervention (walsender terminated, server shutting down or starting up).
+TRANSIENT_SQLSTATE_CLASSES = ("08", "57")
+
+
+def retryable(error: BaseException) -> bool:
+    """Whether a new session could succeed where this error ended one: a lost or refused
+    connection, a terminated walsender, a server shutting down or starting up. Everything
+    else (authentication, a missing slot or publication, an invalidated slot, wal_level, the
+    sink, bytes that do not decode) needs a person, so retrying would only hide it."""
+    if isinstance(error, errors.AuthenticationFailed):
+        return False
+    if isinstance(error, (errors.ConnectionLost, errors.ConnectionFailed)):
+        return True
+    if isinstance(error, errors.ServerError) and error.sqlstate:
+        return error.sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES
+    return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How ``Receiver.run`` retries after a failure ``retryable`` accepts: capped exponential
+    backoff with jitter (many clients of one restarting server must not reconnect in step)."""
+
+    initial: float = 1.0  # seconds before the first retry
+    maximum: float = 60.0  # the cap
+    multiplier: float = 2.0
+    # The share of each delay taken away at random: 0.5 waits between half and all of it.
+    jitter: float = 0.5
+    # A session that streamed this long before it failed counts as a success: the next
+    # failure starts again from ``initial``.
+    reset_after: float = 60.0
+    # Retries in a row before giving up; None retries for as long as the failure is transient.
+    attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("initial", "maximum", "reset_after"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise InvalidOption(f"retry {name} must be a number of seconds >= 0, not {value!r}")
+        if self.maximum < self.initial:
+            raise InvalidOption(
+                f"retry maximum ({self.maximum!r} s) must not be below initial ({self.initial!r} s)"
+            )
+        if not self.multiplier >= 1:
+            raise InvalidOption(f"retry multiplier must be >= 1, not {self.multiplier!r}")
+        if not 0 <= self.jitter <= 1:
+            raise InvalidOption(f"retry jitter must be between 0 and 1, not {self.jitter!r}")
+        if self.attempts is not None and self.attempts < 0:
+            raise InvalidOption(
+                f"retry attempts must be None (no limit) or >= 0, not {self.attempts!r}"
+            )
+
+
+class Backoff:
+    """The retry decisions of one ``Receiver.run``, free of IO: ``failed`` takes the error and
+    the clock (when the failed session started, and now) and gives the seconds to wait before
+    the next session, or None to give up."""
+
+    def __init__(
+        self, policy: RetryPolicy, *, uniform: Callable[[], float] = random.random
+    ) -> None:
+        self.policy = policy
+        self._uniform = uniform
+        self.failures = 0  # in a row, since the last session that counted as a success
+        self._delay = policy.initial  # the next delay before jitter, grown step by step
+
+    def failed(self, error: BaseException, started: float, now: float) -> float | None:
+        policy = self.policy
+        if not retryable(error):
+            return None
+        if now - started >= policy.reset_after:
+            self.failures = 0
+            self._delay = policy.initial
+        if policy.attempts is not None and self.failures >= policy.attempts:
+            return None
+        delay = self._delay
+        # Capped at every step, so a days-long outage never overflows a float.
+        self._delay = min(policy.maximum, delay * policy.multiplier)
+        self.failures += 1
+        return delay * (1.0 - policy.jitter * self._uniform())
+
+
+def first_line(error: BaseException) -> str:
+    """The error's first line, for one-line log records."""
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 @dataclass(frozen=True)
@@ -294,6 +392,16 @@ def _counted(events: Iterable[Event], counter: list[int]) -> Iterator[Event]:
         yield event
 
 
+def _log_retry(error: BaseException, delay: float, attempt: int) -> None:
+    _log.warning(
+        "replication session failed (%s: %s); reconnection attempt %d in %.1f s",
+        type(error).__name__,
+        first_line(error),
+        attempt,
+        delay,
+    )
+
+
 class Receiver:
     """Streams one slot into one sink until ``end_lsn``, a stop request, or an error."""
 
@@ -303,10 +411,17 @@ class Receiver:
         sink: TransactionSink,
         *,
         on_progress: Callable[[ReceiverProgress], None] | None = None,
+        on_confirm: Callable[[LSN], None] | None = None,
+        before_session: Callable[[], None] | None = None,
     ) -> None:
         self.options = options
         self.sink = sink
         self.on_progress = on_progress
+        # Told each position before it is confirmed to the server (the pipeline records it).
+        self.on_confirm = on_confirm
+        # Called before each session connects, inside the retries: the pipeline checks there
+        # that the slot is still the one its change log is filled from.
+        self.before_session = before_session
         self.progress = ReceiverProgress()
         self._transactions = 0
         self._changes = 0
@@ -328,18 +443,22 @@ class Receiver:
             options.application_name,
             session_options(options.conninfo, options.session_settings),
         )
+        # A session has connected, so the slot exists (created then, if asked): later sessions
+        # must find it, never create it again.
+        self._slot_ready = False
 
     # --- setup -------------------------------------------------------------------------------
 
     def _connect(self) -> ReplicationConnection:
         options = self.options
+        create_slot = options.create_slot and not self._slot_ready
         if options.preflight:
             preflight.check(
                 options.conninfo,
                 slot=options.slot,
                 plugin=options.plugin,
                 publications=options.publications,
-                create_slot=options.create_slot,
+                create_slot=create_slot,
             )
         conn = ReplicationConnection.connect(
             options.conninfo,
@@ -349,7 +468,7 @@ class Receiver:
             **({} if options.session_settings is None else {"client_encoding": "UTF8"}),
         )
         try:
-            if options.create_slot and not self._slot_exists(conn):
+            if create_slot and not self._slot_exists(conn):
                 conn.create_replication_slot(
                     options.slot, options.plugin, snapshot="nothing", two_phase=options.two_phase
                 )
@@ -399,13 +518,60 @@ class Receiver:
 
     # --- running -----------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event | None = None) -> ReceiverProgress:
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        on_retry: Callable[[BaseException, float, int], None] | None = None,
+    ) -> ReceiverProgress:
         """Stream until ``end_lsn`` is stored or ``stop`` is set; flush, confirm and return the
         final progress. Errors from the server, the decoder or the sink propagate typed, after
-        what was already received is flushed."""
+        what was already received is flushed.
+
+        With ``retry``, a failure ``retryable`` accepts starts a new session after the delay
+        the policy gives (``on_retry(error, delay, attempt)`` is told first; by default one log
+        line); the slot is created, if asked, only before the first session that connects, so
+        a slot dropped meanwhile is an error, never a new slot with a gap before it."""
         stop = stop if stop is not None else threading.Event()
+        if retry is None:
+            return self._session(stop)
+        backoff = Backoff(retry)
+        clock = time.monotonic
+        while True:
+            started = clock()
+            try:
+                return self._session(stop)
+            except errors.PgcdcError as error:
+                delay = backoff.failed(error, started, clock())
+                if delay is None or stop.is_set():
+                    if isinstance(error, SlotNotFound) and self._slot_ready:
+                        raise self._slot_lost(error) from error
+                    if delay is None and backoff.failures:
+                        error.add_note(f"gave up after {backoff.failures} reconnection attempts")
+                    raise
+                (on_retry or _log_retry)(error, delay, backoff.failures)
+            if stop.wait(delay):
+                self._publish("stop")
+                return self.progress
+
+    def _slot_lost(self, error: SlotNotFound) -> SlotNotFound:
+        """The slot went away between sessions: say what that means for the data."""
+        return SlotNotFound(
+            f"replication slot {self.options.slot!r} was dropped while pgcdc streamed from it "
+            f"({first_line(error)}): what is stored is complete up to {LSN(self._durable)}, "
+            "but the changes after that are gone with the slot, and a new slot would start "
+            "after a gap; start over with a new initial snapshot into a new destination (for "
+            "pgcdc pipeline: a new change log, lake and checkpoint)"
+        )
+
+    def _session(self, stop: threading.Event) -> ReceiverProgress:
+        """One replication session: connect, stream, flush and confirm."""
         options = self.options
+        if self.before_session is not None:
+            self.before_session()
         conn = self._while_slot_busy(self._connect, stop)
+        self._slot_ready = True
         stopped_by: str | None = None
         try:
             plugin_options, decoder = self._plugin(conn)
@@ -667,6 +833,8 @@ class Receiver:
         # not have arrived (and be held) yet, so never confirm beyond what the stream has shown.
         target = min(target, self._seen_lsn)
         if target > stream.confirmed_lsn:
+            if self.on_confirm is not None:
+                self.on_confirm(LSN(target))
             stream.confirm(LSN(target))
 
     def _publish(self, stopped_by: str | None) -> None:

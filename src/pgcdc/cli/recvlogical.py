@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from pgcdc import errors
@@ -38,17 +38,20 @@ from pgcdc.connection.conninfo import connect
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.lsn import LSN
-from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, Receiver, ReceiverOptions, ReceiverProgress
+from pgcdc.receiver import (
+    DEFAULT_SESSION_SETTINGS,
+    Receiver,
+    ReceiverOptions,
+    ReceiverProgress,
+    RetryPolicy,
+    first_line,
+)
 from pgcdc.transactions import AssemblyOptions, CommittedTransaction
 
 DEFAULT_RECONNECT_DELAY = 5.0  # seconds, as pg_recvlogical's RECONNECT_SLEEP_TIME
 PROGRESS_INTERVAL = 0.5  # seconds between progress lines on a terminal
 FORMATS = ("text", "json", "changelog")
 NO_STATUS_INTERVAL = 86400.0  # -s 0: no periodic status packets (confirmations still go out)
-
-# A ServerError whose SQLSTATE class means the connection went away, not that the request was
-# wrong: 08 connection exception, 57 operator intervention (walsender terminated, shutdown).
-_TRANSIENT_SQLSTATE_CLASSES = ("08", "57")
 
 
 class UsageError(Exception):
@@ -269,25 +272,24 @@ def _stream(
         session_settings=None if output_format == "text" else DEFAULT_SESSION_SETTINGS,
     )
     reporter = ProgressReporter(enabled=sys.stderr.isatty())
+    # pg_recvlogical's loop: the same wait after every lost connection, none with --no-loop.
+    retry = RetryPolicy(
+        initial=args.reconnect_delay,
+        maximum=args.reconnect_delay,
+        jitter=0.0,
+        attempts=0 if args.no_loop else None,
+    )
+
+    def on_retry(error: BaseException, delay: float, attempt: int) -> None:
+        reporter.clear()
+        info(f"disconnected ({first_line(error)}); waiting {delay:g} seconds to try again")
+
     try:
-        while True:
-            if args.verbose:
-                where = options.start_lsn or "the slot's confirmed position"
-                info(f"starting log streaming at {where} (slot {args.slot})")
-            try:
-                Receiver(options, sink, on_progress=reporter).run(stop)
-            except errors.PgcdcError as error:
-                if args.no_loop or not _transient(error):
-                    raise
-                reporter.clear()
-                info(f"disconnected ({_first_line(error)}); waiting "
-                     f"{args.reconnect_delay:g} seconds to try again")  # fmt: skip
-                if stop.wait(args.reconnect_delay):
-                    break
-                # Resume where the slot was confirmed; the sink skips what it already holds.
-                options = replace(options, start_lsn=None)
-                continue
-            break
+        if args.verbose:
+            where = options.start_lsn or "the slot's confirmed position"
+            info(f"starting log streaming at {where} (slot {args.slot})")
+        # Each new session resumes where the slot was confirmed; the sink skips what it holds.
+        Receiver(options, sink, on_progress=reporter).run(stop, retry=retry, on_retry=on_retry)
         if args.verbose:
             why = "received interrupt signal" if stop.is_set() else "end position reached"
             info(f"{why}, exiting")
@@ -306,18 +308,6 @@ def plugin_options_for(args: argparse.Namespace, plugin: str, output_format: str
     for name, value in args.plugin_options:
         options[name] = "on" if value is None else value
     return options
-
-
-def _transient(error: errors.PgcdcError) -> bool:
-    if isinstance(error, (errors.ConnectionLost, errors.ConnectionFailed)):
-        return not isinstance(error, errors.AuthenticationFailed)
-    if isinstance(error, errors.ServerError) and error.sqlstate:
-        return error.sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES
-    return False
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _open_sink(

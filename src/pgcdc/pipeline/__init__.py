@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
+from pgcdc.connection import server_errors
 from pgcdc.connection.conninfo import connect, normalize
-from pgcdc.connection.sql import get_slot
+from pgcdc.connection.sql import create_logical_slot, get_slot
 from pgcdc.errors import (
     InvalidOption,
     PgcdcError,
@@ -53,8 +54,9 @@ from pgcdc.errors import (
     StorageError,
 )
 from pgcdc.lsn import LSN
+from pgcdc.pipeline.origin import ConfirmGuard, SlotOrigin, load_origin, save_origin, verify
 from pgcdc.pipeline.process import ReceiverProcess
-from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress
+from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPolicy
 from pgcdc.sinks import SinkKind
 from pgcdc.snapshot import SnapshotResult, take_snapshot
 from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, start
@@ -97,6 +99,8 @@ class Settings:
     max_changes_per_batch: int | None = None
     max_bytes_per_batch: int | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # How the receiver rides out server faults (restarts, a terminated walsender).
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def pipeline(self) -> PipelineConfig:
         return PipelineConfig(
@@ -326,30 +330,69 @@ def receive(
     settings: Settings, end_lsn: LSN | None, stop: threading.Event | None
 ) -> ReceiverProgress:
     """Run the receiver into the change log until ``end_lsn`` or ``stop``, after the initial
-    snapshot when this is the pipeline's first start."""
+    snapshot when this is the pipeline's first start. The slot must be the one the log was
+    filled from (``claim_slot``). Server faults a new session can get past are retried as
+    ``settings.retry`` says; the others end the run with their error."""
     with ChangeLog(settings.changelog).writer() as writer:
-        initial_snapshot(settings, writer)
-        return Receiver(settings.receiver(end_lsn), writer).run(stop)
+        guard = ConfirmGuard(settings.changelog)
+
+        def claim() -> None:
+            # Before every session: a slot replaced while the receiver was away is refused.
+            guard.origin = claim_slot(settings, writer)
+
+        receiver = Receiver(
+            settings.receiver(end_lsn), writer, on_confirm=guard, before_session=claim
+        )
+        return receiver.run(stop, retry=settings.retry)
 
 
-def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult | None:
-    """Snapshot the published tables into an empty change log through a new slot.
+def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None:
+    """Make sure the slot can fill this change log without a gap, and keep recording it.
 
-    Only a new slot exports the snapshot that matches its start, so an existing slot (or a log
-    that already holds transactions) means the pipeline has started before: nothing to do."""
-    if settings.snapshot != "initial" or writer.last_commit_lsn > 0:
-        return None
-    with connect(settings.conninfo) as conn:
-        exists = get_slot(conn, settings.slot) is not None
-        if not exists and not settings.create_slot:
-            raise missing_slot(settings)
-        if exists:
-            log.warning(
-                "slot %s already exists, so no initial snapshot was taken: the lake will hold "
-                "only changes the slot streams (drop the slot to start over with a snapshot)",
-                settings.slot,
+    A log that holds transactions (or has a recorded slot) goes on only with the same slot,
+    still valid and not moved past what pgcdc confirmed (``origin.verify``); anything else is
+    a typed error saying how to start over, never a new slot. A new log starts with a new slot:
+    with ``snapshot = "initial"`` a snapshot of the published tables (only a new slot exports
+    the snapshot that matches its start), else the slot is created here, so that its start is
+    recorded before anything streams. None: no slot to record (the receiver reports it).
+    Connection errors are typed, so the receiver's retries ride them out."""
+    root = settings.changelog
+    origin = load_origin(root)
+    fresh = origin is None and writer.last_commit_lsn == 0
+    with server_errors.translated(), connect(settings.conninfo) as conn:
+        database = conn.info.dbname
+        slot = get_slot(conn, settings.slot)
+        if not fresh:
+            origin = verify(
+                origin, slot, name=settings.slot, database=database, log_end=writer.durable_lsn
             )
-            return None
+        elif slot is not None:
+            if settings.snapshot == "initial":
+                log.warning(
+                    "slot %s already exists, so no initial snapshot was taken: the lake will "
+                    "hold only changes the slot streams (drop the slot to start over with a "
+                    "snapshot)",
+                    settings.slot,
+                )
+            if slot.confirmed_flush_lsn is not None:
+                start = slot.confirmed_flush_lsn
+                origin = SlotOrigin(settings.slot, database, start, start)
+        elif not settings.create_slot:
+            raise missing_slot(settings)
+        elif settings.snapshot != "initial":
+            start = create_logical_slot(conn, settings.slot, "pgoutput")
+            origin = SlotOrigin(settings.slot, database, start, start)
+    if fresh and origin is None and settings.snapshot == "initial":
+        result = initial_snapshot(settings, writer)
+        start = result.consistent_point
+        origin = SlotOrigin(settings.slot, database, start, start)
+    if origin is not None:
+        save_origin(root, origin)
+    return origin
+
+
+def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult:
+    """Create the slot and snapshot the published tables into the (empty) change log."""
     result = take_snapshot(
         settings.conninfo,
         slot=settings.slot,
@@ -457,4 +500,12 @@ def with_overrides(settings: Settings, **changes: Any) -> Settings:
     return replace(settings, **changes)
 
 
-__all__ = ["Settings", "current_wal_lsn", "load", "receive", "run", "with_overrides"]
+__all__ = [
+    "Settings",
+    "claim_slot",
+    "current_wal_lsn",
+    "load",
+    "receive",
+    "run",
+    "with_overrides",
+]

@@ -1,0 +1,178 @@
+"""Which replication slot a change log is filled from, so that a gap is never accepted silently.
+
+A change log is complete only while one slot feeds it without a break: the server re-sends
+everything after the slot's confirmed position, and pgcdc never confirms past what the log
+holds (or, when idle, past what the stream has shown). A slot dropped and created again (the
+remedy for an invalidated slot), or advanced by another client, starts after changes the log
+never received; streaming it on would leave a gap the mirror can never fill.
+
+PostgreSQL gives a slot no identity beyond its name, so the log keeps its own record, a small
+JSON file beside the segments: the slot's name and database, where pgcdc first met it (its
+consistent point when pgcdc created it), and ``confirmed_bound``, a position no confirmation
+pgcdc ever sent to it passes. It is written before each confirmation goes out. A new slot's
+confirmed position is its consistent point, the server's WAL position when it was created,
+which lies past every confirmation sent to the old slot; so a slot whose confirmed position is
+past ``confirmed_bound`` is not the one the log was filled from, even when WAL back to the
+log's end happens to still be there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from pgcdc.changelog import ChangeLog
+from pgcdc.connection.sql import SlotInfo
+from pgcdc.errors import ChangeLogError, SlotInvalidated, SlotNotFound, SlotReplaced
+from pgcdc.lsn import LSN
+
+__all__ = ["STATE_NAME", "ConfirmGuard", "SlotOrigin", "load_origin", "save_origin", "verify"]
+
+STATE_NAME = "pgcdc-slot.json"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlotOrigin:
+    """The slot a change log is filled from (see the module docstring)."""
+
+    slot: str
+    database: str
+    created_lsn: LSN  # the slot's consistent point, or its position when pgcdc first met it
+    confirmed_bound: LSN  # no confirmation pgcdc sent to this slot passes this
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        data["created_lsn"] = str(self.created_lsn)
+        data["confirmed_bound"] = str(self.confirmed_bound)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SlotOrigin:
+        data = json.loads(text)
+        return cls(
+            slot=str(data["slot"]),
+            database=str(data["database"]),
+            created_lsn=LSN.parse(data["created_lsn"]),
+            confirmed_bound=LSN.parse(data["confirmed_bound"]),
+        )
+
+
+def load_origin(log_root: str) -> SlotOrigin | None:
+    """The recorded origin of the change log at ``log_root``, or None (none recorded yet)."""
+    changelog = ChangeLog(log_root)
+    path = f"{changelog.root}/{STATE_NAME}"
+    try:
+        with changelog.filesystem.open_input_stream(path) as stream:
+            text = stream.read().decode()
+    except FileNotFoundError:
+        return None
+    try:
+        return SlotOrigin.from_json(text)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ChangeLogError(
+            f"{path} is damaged ({type(error).__name__}: {error}), so the slot this change log "
+            "is filled from cannot be checked; restore the file from a backup, or start over "
+            "with new, empty paths.changelog, paths.lake and paths.checkpoint"
+        ) from None
+
+
+def save_origin(log_root: str, origin: SlotOrigin) -> None:
+    """Replace the record atomically (a new file renamed over the old; synced when local)."""
+    changelog = ChangeLog(log_root)
+    fs, root = changelog.filesystem, changelog.root
+    path, temporary = f"{root}/{STATE_NAME}", f"{root}/{STATE_NAME}.tmp"
+    data = origin.to_json().encode()
+    if isinstance(fs, pafs.LocalFileSystem):
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+        directory = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return
+    with fs.open_output_stream(temporary) as stream:
+        stream.write(data)
+    fs.move(temporary, path)
+
+
+class ConfirmGuard:
+    """The receiver's ``on_confirm``: records each position before it is confirmed to the
+    slot in ``origin`` (None until the slot is claimed: then nothing streams)."""
+
+    def __init__(self, log_root: str, origin: SlotOrigin | None = None) -> None:
+        self._root = log_root
+        self.origin = origin
+
+    def __call__(self, lsn: LSN) -> None:
+        origin = self.origin
+        if origin is not None and lsn > origin.confirmed_bound:
+            self.origin = replace(origin, confirmed_bound=LSN(lsn))
+            save_origin(self._root, self.origin)
+
+
+def _start_over(slot: str) -> str:
+    return (
+        "start over: stop the pipeline, drop the slot if it exists (SELECT "
+        f"pg_drop_replication_slot('{slot}')), and run it with new, empty paths.changelog, "
+        "paths.lake and paths.checkpoint (or move those three away) and snapshot = "
+        '"initial": it creates the slot again and copies the tables anew'
+    )
+
+
+def verify(
+    origin: SlotOrigin | None,
+    slot: SlotInfo | None,
+    *,
+    name: str,
+    database: str,
+    log_end: LSN,
+) -> SlotOrigin:
+    """Check that ``slot`` can go on filling a change log that holds transactions up to
+    ``log_end`` (``origin``: its record, None for a log filled before records were kept);
+    the origin to keep on recording, or a typed error saying how to start over."""
+    if origin is not None and (origin.slot, origin.database) != (name, database):
+        raise SlotReplaced(
+            f"the change log was filled from slot {origin.slot!r} of database "
+            f"{origin.database!r}, not slot {name!r} of {database!r}: another slot would start "
+            f"at another position, leaving a gap or duplicates; use slot {origin.slot!r} of "
+            f"{origin.database!r} with this change log, or {_start_over(name)}"
+        )
+    if slot is None:
+        raise SlotNotFound(
+            f"replication slot {name!r}, which this change log (complete up to {log_end}) was "
+            "filled from, no longer exists: a new slot would start after the changes made "
+            f"since, a gap nothing could fill, so pgcdc will not create one; {_start_over(name)}"
+        )
+    if slot.invalidated:
+        raise SlotInvalidated(
+            f"replication slot {name!r} was invalidated ({slot.invalidation_reason}): the server "
+            f"removed WAL it needed (max_slot_wal_keep_size), so the changes after {log_end}, "
+            f"where this change log ends, can no longer be streamed; {_start_over(name)}"
+        )
+    confirmed = slot.confirmed_flush_lsn
+    bound = origin.confirmed_bound if origin is not None else log_end
+    if confirmed is None or confirmed > bound:
+        what = (
+            f"never confirmed past {bound}"
+            if origin is not None
+            else f"holds transactions up to {log_end} only (and records no slot)"
+        )
+        raise SlotReplaced(
+            f"replication slot {name!r} starts at {confirmed}, but the change log it would fill "
+            f"{what}: the slot was dropped and created again (or advanced by another client), "
+            f"so the changes in between are missing and would stay missing; {_start_over(name)}"
+        )
+    if origin is None:
+        log.info("the change log records slot %r from now on (at %s)", name, confirmed)
+        return SlotOrigin(name, database, confirmed, confirmed)
+    return origin

@@ -1,0 +1,409 @@
+"""The pipeline rides out server faults, on PostgreSQL 15 and 18: the walsender terminated, the
+server stopped (immediate) and started again, both while a workload runs. The receiver process
+reconnects on its own, resumes from the slot and the change log's end, and in the end the log
+holds every change exactly once and replays to the source's rows, value by value. Errors a
+retry cannot fix (a dropped publication or slot) end the run with their typed error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcdc import pipeline
+from pgcdc.changelog import ChangeLog
+from pgcdc.errors import PublicationNotFound, SlotNotFound, SlotReplaced
+from pgcdc.events import Delete, Insert, Update
+from pgcdc.localpg import LocalCluster, wait_until
+from pgcdc.lsn import LSN
+from pgcdc.pipeline.process import ReceiverProcess
+from pgcdc.receiver import RetryPolicy
+from pgcdc.sinks import SinkKind, read_table
+from pgcdc.spark.pipeline import spark_session
+from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
+
+# Short waits so the tests do not idle; the policy itself is tested in tests/receiver.
+FAST_RETRY = RetryPolicy(initial=0.2, maximum=1.0, jitter=0.5)
+SLOT = "rc"
+Row = tuple[Any, ...]
+
+
+def _settings(conninfo: str, tmp_path: Path, **changes: Any) -> pipeline.Settings:
+    settings = pipeline.Settings(
+        conninfo=conninfo,
+        slot=SLOT,
+        publications=("pub",),
+        snapshot="never",
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        kinds=(SinkKind.MIRROR,),
+        master="local[2]",
+        trigger_interval=0.5,
+        retry=FAST_RETRY,
+    )
+    return pipeline.with_overrides(settings, **changes)
+
+
+def _source(conninfo: str) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE items")
+        conn.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
+
+
+class Workload:
+    """Transactions of inserts, updates and deletes in a thread until stopped. It rides out
+    the faults itself (a failed transaction is given up, a new connection opened): what the
+    source holds afterwards is the truth the change log is compared with."""
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.transactions = 0  # committed, as far as the client knows
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="workload", daemon=True)
+
+    def __enter__(self) -> Workload:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(60)
+        assert self.error is None, self.error
+
+    def wait_for(self, transactions: int) -> None:
+        wait_until(lambda: self.transactions >= transactions or self.error, timeout=120)
+        assert self.error is None, self.error
+
+    def _run(self) -> None:
+        batch = 0
+        while not self.stopping.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+                    while not self.stopping.is_set():
+                        batch += 1
+                        self._transaction(conn, batch)
+                        self.transactions += 1
+            except psycopg.OperationalError:
+                time.sleep(0.1)
+            except BaseException as error:
+                self.error = error
+                raise
+
+    @staticmethod
+    def _transaction(conn: psycopg.Connection[Any], batch: int) -> None:
+        first = batch * 10
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO items SELECT g, md5(g::text), 0 "
+                "FROM generate_series(%s::int, %s::int) g",
+                (first, first + 9),
+            )
+            # Earlier rows change and go: every change is distinct (n counts the updates).
+            conn.execute(
+                "UPDATE items SET n = n + 1, v = md5(v) WHERE id %% 7 = %s AND id < %s",
+                (batch % 7, first),
+            )
+            conn.execute("DELETE FROM items WHERE id = %s", (first - 53,))
+
+
+def _replayed(log: Path) -> tuple[dict[str, Row], list[tuple[str, Row]], list[int | None]]:
+    """The change log replayed into rows by key; every row change logged; every xid logged."""
+    rows: dict[str, Row] = {}
+    changes: list[tuple[str, Row]] = []
+    xids: list[int | None] = []
+    for txn in ChangeLog(log).read_transactions():
+        xids.append(txn.xid)
+        for event in txn.events:
+            if isinstance(event, Insert | Update):
+                row = tuple(event.new)
+                rows[str(row[0])] = row
+                changes.append((type(event).__name__, row))
+            elif isinstance(event, Delete):
+                row = tuple(event.old)
+                del rows[str(row[0])]
+                changes.append(("Delete", row))
+    return rows, changes, xids
+
+
+def _source_rows(conninfo: str) -> dict[str, Row]:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        found = conn.execute("SELECT id::text, v, n::text FROM items").fetchall()
+    return {row[0]: tuple(row) for row in found}
+
+
+def _current_lsn(conninfo: str) -> LSN:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return LSN.parse(row[0])
+
+
+def _slot(conninfo: str) -> tuple[int | None, LSN]:
+    """The slot's walsender PID (None when inactive) and confirmed position."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (SLOT,),
+        ).fetchone()
+    assert row is not None
+    return row[0], LSN.parse(row[1])
+
+
+def _new_walsender(conninfo: str, old: int | None) -> int:
+    return int(
+        wait_until(lambda: (pid := _slot(conninfo)[0]) not in (None, old) and pid, timeout=120)
+    )
+
+
+def _terminate_walsender(conninfo: str) -> int:
+    pid = _new_walsender(conninfo, None)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    return pid
+
+
+def _check_logged_exactly_once(conninfo: str, log: Path) -> None:
+    """Everything the source committed reached the log once, and it replays to the source."""
+    source = _source_rows(conninfo)
+    mirror, changes, xids = _replayed(log)
+    assert len(changes) == len(set(changes)), "a change was logged twice"
+    assert len(xids) == len(set(xids)), "a transaction was logged twice"
+    assert mirror == source
+    inserted = [row[0] for kind, row in changes if kind == "Insert"]
+    assert len(inserted) == len(set(inserted))
+    # Nothing skipped: every id the workload ever inserted is in the log (deleted ones too).
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT max(id) FROM items").fetchone()
+    assert row is not None and row[0] is not None
+    assert set(map(int, inserted)) >= set(map(int, source))
+    assert max(map(int, inserted)) == row[0]
+
+
+def _drain(process: ReceiverProcess, conninfo: str) -> None:
+    """Wait until the running receiver has logged everything committed so far, then stop it."""
+    end = _current_lsn(conninfo)
+    wait_until(lambda: _slot(conninfo)[1] >= end or process.error is not None, timeout=120)
+    process.stop()
+    process.join(60)
+    assert not process.is_alive()
+    if process.error is not None:
+        raise process.error
+
+
+def _reconnections(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "reconnection attempt" in r.getMessage()]
+
+
+def test_terminated_walsenders_are_reconnected_without_a_gap_or_a_duplicate(
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    conninfo = db.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
+    process.start()
+    try:
+        with Workload(conninfo) as workload:
+            old = None
+            for round in range(3):
+                workload.wait_for(20 * (round + 1))
+                _new_walsender(conninfo, old)
+                old = _terminate_walsender(conninfo)
+            workload.wait_for(workload.transactions + 20)
+        _new_walsender(conninfo, old)  # the same process streams again, started by no one
+        assert process.is_alive()
+        _drain(process, conninfo)
+    finally:
+        process.stop()
+        process.join(60)
+    assert len(_reconnections(caplog)) >= 3
+    assert "ReplicationStreamError" in _reconnections(caplog)[0]
+    _check_logged_exactly_once(conninfo, tmp_path / "log")
+
+
+@pytest.fixture(params=sorted(_INSTALLATIONS))
+def own_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A cluster of this test's own, as it is stopped and started under the receiver."""
+    with LocalCluster(_INSTALLATIONS[request.param](), settings=TEST_SETTINGS) as cluster:
+        yield cluster
+
+
+def test_a_server_restart_mid_stream_is_ridden_out(
+    own_cluster: LocalCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    conninfo = own_cluster.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
+    process.start()
+    try:
+        with Workload(conninfo) as workload:
+            workload.wait_for(30)
+            old = _new_walsender(conninfo, None)
+            own_cluster.stop("immediate")
+            time.sleep(1.5)  # down long enough for several refused reconnections
+            own_cluster.start()
+            workload.wait_for(workload.transactions + 30)
+        _new_walsender(conninfo, old)
+        assert process.is_alive()
+        _drain(process, conninfo)
+    finally:
+        process.stop()
+        process.join(60)
+    attempts = _reconnections(caplog)
+    assert len(attempts) >= 2, attempts
+    assert any("ConnectionFailed" in line for line in attempts), attempts
+    _check_logged_exactly_once(conninfo, tmp_path / "log")
+
+
+def _until_dropped(conninfo: str, statement: str) -> None:
+    """Terminate the slot's walsender and run ``statement`` (a drop) before the receiver
+    reconnects: retried while the slot is still (or again) active."""
+
+    def attempt() -> bool:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (SLOT,),
+            )
+            try:
+                conn.execute(statement)
+            except psycopg.errors.ObjectInUse:
+                return False
+        return True
+
+    wait_until(attempt, timeout=60, interval=0.01)
+
+
+@pytest.mark.parametrize("create_slot", [True, False], ids=["create-slot", "no-create-slot"])
+def test_a_dropped_slot_ends_the_run_with_a_typed_error(
+    db: Database, tmp_path: Path, create_slot: bool
+) -> None:
+    conninfo = db.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path, create_slot=create_slot), None)
+    process.start()
+    try:
+        _new_walsender(conninfo, None)
+        db.execute("INSERT INTO items VALUES (1, 'a', 0)")
+        _until_dropped(conninfo, f"SELECT pg_drop_replication_slot('{SLOT}')")
+        process.join(120)
+        assert not process.is_alive()
+    finally:
+        process.stop()
+        process.join(60)
+    # Never a new slot that would start after the changes made meanwhile.
+    assert not db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
+    assert isinstance(process.error, SlotNotFound), process.error
+    assert str(process.error).count("\n") == 0
+    assert f"slot '{SLOT}' was dropped while pgcdc streamed from it" in str(process.error)
+    assert "new change log, lake and checkpoint" in str(process.error)
+
+
+def test_a_slot_recreated_while_the_receiver_reconnects_ends_the_run_with_a_typed_error(
+    db: Database, tmp_path: Path
+) -> None:
+    conninfo = db.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
+    process.start()
+    try:
+        _new_walsender(conninfo, None)
+        db.execute("INSERT INTO items VALUES (1, 'a', 0)")
+        _until_dropped(conninfo, f"SELECT pg_drop_replication_slot('{SLOT}')")
+        db.execute("INSERT INTO items VALUES (2, 'in the gap', 0)")
+        db.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
+        process.join(120)
+        assert not process.is_alive()
+    finally:
+        process.stop()
+        process.join(60)
+    assert isinstance(process.error, SlotReplaced), process.error
+    assert "dropped and created again" in str(process.error)
+    assert str(process.error).count("\n") == 0
+    logged = [row[0] for _, row in _replayed(tmp_path / "log")[1]]
+    assert "2" not in logged
+
+
+def test_a_dropped_publication_ends_the_run_with_a_typed_error(
+    db: Database, tmp_path: Path
+) -> None:
+    conninfo = db.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
+    process.start()
+    try:
+        _new_walsender(conninfo, None)
+        _until_dropped(conninfo, "DROP PUBLICATION pub")
+        db.execute("INSERT INTO items VALUES (1, 'a', 0)")
+        process.join(120)
+        assert not process.is_alive()
+    finally:
+        process.stop()
+        process.join(60)
+    assert isinstance(process.error, PublicationNotFound), process.error
+    assert str(process.error).count("\n") == 0
+    assert '"pub"' in str(process.error)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]", "pgcdc-tests")
+    yield session
+    session.stop()
+
+
+def test_pipeline_run_rides_out_a_terminated_walsender(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    conninfo = db.conninfo()
+    _source(conninfo)
+    settings = _settings(conninfo, tmp_path)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
+        except BaseException as error:
+            failure.append(error)
+
+    runner = threading.Thread(target=run, name="pipeline")
+    runner.start()
+    mirror_path = tmp_path / "lake" / "public" / "items" / "mirror"
+
+    def mirror() -> dict[str, Row]:
+        if not (mirror_path / "_delta_log").exists():
+            return {}
+        table = read_table(mirror_path).select(["id", "v", "n"]).to_pylist()
+        return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
+
+    try:
+        with Workload(conninfo) as workload:
+            workload.wait_for(20)
+            old = _terminate_walsender(conninfo)
+            workload.wait_for(workload.transactions + 20)
+            _new_walsender(conninfo, old)
+            old = _terminate_walsender(conninfo)
+            workload.wait_for(workload.transactions + 20)
+        _new_walsender(conninfo, old)
+        end = _current_lsn(conninfo)
+        wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
+        source = _source_rows(conninfo)
+        wait_until(lambda: mirror() == source or failure, timeout=240, interval=0.5)
+        assert runner.is_alive() and not failure, failure
+    finally:
+        stop.set()
+        runner.join(120)
+    assert not failure, failure
+    assert mirror() == _source_rows(conninfo)
+    _check_logged_exactly_once(conninfo, tmp_path / "log")
