@@ -561,8 +561,7 @@ class Receiver:
 
     def _store(self, txn: CommittedTransaction) -> None:
         sink = self.sink
-        if txn.end_lsn > self._seen_lsn:
-            self._seen_lsn = txn.end_lsn
+        self._seen_lsn = max(self._seen_lsn, txn.end_lsn)
         if txn.commit_lsn <= sink.last_commit_lsn:
             self._drop(txn)
             return
@@ -577,7 +576,7 @@ class Receiver:
                     if kind in _CONTENT:
                         count += 1
                     elif kind is RowRun:
-                        count += len(event)  # type: ignore[arg-type]
+                        count += len(event)
                 counter[0] = count
             else:
                 types = list(map(type, events))

@@ -77,6 +77,8 @@ _OUTCOMES = tuple(TransactionOutcome)
 _OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(_OUTCOMES)}
 _OUTCOME_DICTIONARY = pa.array([o.value for o in _OUTCOMES], pa.string())
 _OUTCOME_BY_VALUE = {o.value: o for o in _OUTCOMES}
+_COMMIT = TransactionOutcome.COMMIT
+_COMMIT_INDEX = _OUTCOME_INDEX[_COMMIT]
 
 SCHEMA = pa.schema(
     [
@@ -341,14 +343,14 @@ class BatchBuilder:
             and txn.origin is None
             and txn.origin_lsn is None
             and txn.gid is None
+            and txn.outcome is _COMMIT
             and 0 <= commit_lsn < _U64
             and 0 <= end_lsn < _U64
             and (xid is None or 0 <= xid < _U64)
             and 0 <= size < _U64
         ):
             self._txns.append(
-                (commit_lsn, end_lsn, xid, commit_time, None, None, None,
-                 _OUTCOME_INDEX[txn.outcome], size)
+                (commit_lsn, end_lsn, xid, commit_time, None, None, None, _COMMIT_INDEX, size)
             )  # fmt: skip
             self._txn = txn
             self._txn_pos = len(self._txns) - 1
@@ -424,17 +426,24 @@ class BatchBuilder:
                 size = 64
                 new_data = old_data = None
                 if new is not None:
-                    new_data = new._data  # type: ignore[union-attr]
+                    new_data = new._data
                     if len(new_data) > entry[2]:
                         size += len(new_data) - entry[2]
                 if old is not None:
-                    old_data = old._data  # type: ignore[union-attr]
+                    old_data = old._data
                     if len(old_data) > entry[2]:
                         size += len(old_data) - entry[2]
-                self._append(
-                    (txn_index, seq, lsn, _RUN_KINDS[kind], xid, entry[1], new_data, old_data,
-                     old_is_key)
-                )  # fmt: skip
+                # _append, inlined.
+                self._c_txn.append(txn_index)
+                self._c_seq.append(seq)
+                self._c_lsn.append(lsn)
+                self._c_kind.append(_RUN_KINDS[kind])
+                self._c_xid.append(xid)
+                self._c_table.append(entry[1])
+                self._c_new.append(new_data)
+                self._c_old.append(old_data)
+                self._c_old_is_key.append(old_is_key)
+                self.rows += 1
                 return size
         return self._add(txn, seq, event)
 
@@ -459,6 +468,9 @@ class BatchBuilder:
         event by event through ``add``. Unloggable input raises; the events before the failing
         one may have been added (a writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
+        if end - start == 1 and type(events[start]) in _RUN_TYPES:
+            # One row change (a small transaction's last one, or its only one).
+            return self.add(txn, seq, events[start]), end, seq + 1
         if end - start > 1 and seq + end - start <= _U32:
             run = events if start == 0 and end == len(events) else events[start:end]
             kinds = set(map(type, run))

@@ -639,21 +639,35 @@ class PgOutputDecoder:
         return event
 
     def _update(self, buf: bytes, lsn: LSN) -> Event:
-        xid, pos = self._stream_xid(buf)
+        # Frequent in OLTP: _stream_xid, and _last_row for the new row alone, are inlined here.
+        xid = self._state.stream_xid
+        if xid is None:
+            pos = 1
+        else:
+            (xid,) = _U32(buf, 1)
+            pos = 5
         (oid,) = _U32(buf, pos)
         table = self._relations.get(oid) or self._table(oid, lsn, "Update")
         kind = buf[pos + 4]
         pos += 5
         old: Row | None = None
-        if kind in (_KEY, _OLD):
-            old, pos = self._row(buf, pos, table)
-            new_marker = buf[pos]
-            pos += 1
-            if new_marker != _NEW:
-                raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
-        elif kind != _NEW:
-            raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
-        new = self._last_row(buf, pos, table)
+        new: Row
+        if kind == _NEW and self._unchecked_rows:
+            if _U16(buf, pos)[0] != len(table.columns):
+                raise _width_error(_U16(buf, pos)[0], table)
+            new = _new_object(EncodedRow)
+            _encoded_data(new, buf[pos:])
+            _encoded_values(new, None)
+        else:
+            if kind in (_KEY, _OLD):
+                old, pos = self._row(buf, pos, table)
+                new_marker = buf[pos]
+                pos += 1
+                if new_marker != _NEW:
+                    raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
+            elif kind != _NEW:
+                raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
+            new = self._last_row(buf, pos, table)
         event = _new_object(Update)
         _update_lsn(event, lsn)
         _update_table(event, table)
