@@ -252,3 +252,24 @@ def test_a_commit_outside_the_fast_check_is_still_refused():
     ):
         with pytest.raises(UnloggableInput, match=complaint):
             builder.add(bad, 0, good)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        Insert(LSN(2), TABLE, None),  # type: ignore[arg-type]
+        Update(LSN(2), TABLE, None),  # type: ignore[arg-type]
+        Delete(LSN(2), TABLE, None, True),  # type: ignore[arg-type]
+    ],
+    ids=["insert", "update", "delete"],
+)
+def test_a_change_without_its_row_is_refused_on_every_path(change):
+    """Also where ``add`` takes the fast path (a table already in the batch)."""
+    first = Insert(LSN(1), TABLE, EncodedRow.from_values(("1", "x", b"y")))
+    for add in ("add", "_add"):
+        builder = BatchBuilder()
+        builder.add(txn(5, first), 0, first)
+        with pytest.raises(UnloggableInput, match="without its row"):
+            getattr(builder, add)(txn(5, first, change), 1, change)
+    with pytest.raises(UnloggableInput, match="without its row"):
+        encode([txn(5, first, change)])

@@ -192,6 +192,11 @@ def _row_data(row: Row) -> bytes:
     """A row's TupleData bytes: an ``EncodedRow``'s as they are, a tuple's encoded once."""
     if type(row) is EncodedRow:
         return row.data
+    if row is None:
+        raise UnloggableInput(
+            "a row change without its row (an Insert's new row, a Delete's old row: None) "
+            "cannot be logged; decoders always give one"
+        )
     try:
         return encode_tuple_data(row)
     except InvalidRowValue as exc:
@@ -406,17 +411,19 @@ class BatchBuilder:
             old_is_key: bool | None = None
             if kind is Insert:
                 new, old = event.new, None  # type: ignore[union-attr]
+                rows_ok = type(new) is EncodedRow
             elif kind is Update:
                 new, old = event.new, event.old  # type: ignore[union-attr]
                 old_is_key = bool(event.old_is_key)  # type: ignore[union-attr]
+                rows_ok = type(new) is EncodedRow and (old is None or type(old) is EncodedRow)
             else:
                 new, old = None, event.old  # type: ignore[union-attr]
                 old_is_key = bool(event.old_is_key)  # type: ignore[union-attr]
+                rows_ok = type(old) is EncodedRow
             if (
-                entry is not None
+                rows_ok
+                and entry is not None
                 and entry[0] is table
-                and (new is None or type(new) is EncodedRow)
-                and (old is None or type(old) is EncodedRow)
                 and type(lsn) is LSN
                 and type(seq) is int
                 and 0 <= seq < _U32
@@ -426,11 +433,11 @@ class BatchBuilder:
                 size = 64
                 new_data = old_data = None
                 if new is not None:
-                    new_data = new._data
+                    new_data = new._data  # type: ignore[union-attr]
                     if len(new_data) > entry[2]:
                         size += len(new_data) - entry[2]
                 if old is not None:
-                    old_data = old._data
+                    old_data = old._data  # type: ignore[union-attr]
                     if len(old_data) > entry[2]:
                         size += len(old_data) - entry[2]
                 # _append, inlined.
