@@ -118,6 +118,8 @@ BURST_MESSAGES = 64
 # _CollectorThresholds.
 GC_THRESHOLDS = (50_000, 20, 20)
 _CONTENT = frozenset((Insert, Update, Delete, Truncate, Message))
+# Up to this many events, _store counts a transaction's changes in a plain loop.
+_FEW_EVENTS = 16
 # Row changes a RowRun starts with; pgoutput puts the row's TupleData after type byte, relation
 # OID and tuple marker (outside stream blocks), and the run's messages share those bytes and the
 # column count. A run is fed once it reaches either bound.
@@ -775,10 +777,21 @@ class Receiver:
         events = txn.events
         counter = [0]
         if isinstance(events, tuple | list):
-            types = list(map(type, events))
-            counter[0] = sum(map(_CONTENT.__contains__, types))
-            if RowRun in types:
-                counter[0] += sum(len(e) for e in events if type(e) is RowRun)
+            if len(events) <= _FEW_EVENTS:
+                # Small transactions (most of them): a loop costs less than the passes below.
+                count = 0
+                for event in events:
+                    kind = type(event)
+                    if kind in _CONTENT:
+                        count += 1
+                    elif kind is RowRun:
+                        count += len(event)
+                counter[0] = count
+            else:
+                types = list(map(type, events))
+                counter[0] = sum(map(_CONTENT.__contains__, types))
+                if RowRun in types:
+                    counter[0] += sum(len(e) for e in events if type(e) is RowRun)
         else:
             txn = replace(txn, events=_counted(events, counter))
         if not sink.append(txn):

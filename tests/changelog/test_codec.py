@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pgcdc.changelog.codec import SCHEMA, BatchBuilder, LogState, decode, encode, type_info_of
 from pgcdc.decoding.pgtypes import TypeInfo
@@ -16,6 +18,7 @@ from pgcdc.events import (
     Begin,
     Column,
     Delete,
+    EncodedRow,
     Insert,
     Message,
     Relation,
@@ -29,7 +32,7 @@ from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
 from tests.conftest import examples
 
-from .helpers import START, TABLE, transaction_lists
+from .helpers import START, TABLE, events, lsns, rows, tables, transaction_lists, xids
 
 OTHER = Table(
     "sales",
@@ -207,3 +210,103 @@ def test_schema_is_fixed():
     assert SCHEMA.field("kind").type == pa.dictionary(pa.int8(), pa.string())
     assert SCHEMA.field("commit_lsn").type == pa.uint64()
     assert SCHEMA.field("commit_time").type == pa.timestamp("us", tz="UTC")
+
+
+# --- the fast paths against the checked ones --------------------------------------------------
+
+
+@st.composite
+def oltp_transactions(draw: st.DrawFn) -> list[CommittedTransaction]:
+    """Transactions whose row changes share a few tables and carry decoder rows (``EncodedRow``),
+    the shape ``BatchBuilder.add``'s fast path takes, mixed with every other kind of event."""
+    shared = st.sampled_from(draw(st.lists(tables, min_size=1, max_size=3)))
+    encoded = rows.map(EncodedRow.from_values)
+    changes = st.one_of(
+        st.builds(Insert, lsn=lsns, table=shared, new=encoded, xid=xids),
+        st.builds(
+            Update,
+            lsn=lsns,
+            table=shared,
+            new=encoded,
+            old=st.none() | encoded,
+            old_is_key=st.booleans(),
+            xid=xids,
+        ),
+        st.builds(Delete, lsn=lsns, table=shared, old=encoded, old_is_key=st.booleans(), xid=xids),
+    )
+    transactions = []
+    for transaction in draw(transaction_lists()):
+        some = replace(transaction, events=tuple(draw(st.lists(changes | events, max_size=6))))
+        if draw(st.booleans()):  # as a receiver's plain commit: no origin, gid, other outcome
+            some = replace(some, origin=None, origin_lsn=None, gid=None)
+            some = replace(some, outcome=TransactionOutcome.COMMIT)
+        transactions.append(some)
+    return transactions
+
+
+def _checked(transaction: CommittedTransaction) -> CommittedTransaction:
+    """The transaction with a plain-int commit LSN, which ``_txn_index`` checks field by field."""
+    return replace(transaction, commit_lsn=int(transaction.commit_lsn))  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(oltp_transactions())
+def test_add_builds_and_sizes_what_the_checked_add_does(transactions):
+    """``add`` (row changes of a known table, first of a transaction or not, and a receiver's
+    commit fields) is ``_add`` without its checks: the same batch, the same sizes."""
+    fast, checked = BatchBuilder(), BatchBuilder()
+    for transaction in transactions:
+        for seq, event in enumerate(tuple(transaction.events) or (None,)):
+            assert fast.add(transaction, seq, event) == checked._add(
+                _checked(transaction), seq, event
+            )
+    assert fast.build().equals(checked.build())
+
+
+@settings(max_examples=100, deadline=None)
+@given(oltp_transactions())
+def test_encode_in_runs_builds_what_event_by_event_does(transactions):
+    """``encode`` (``add_run``: one event straight to ``add``, runs column by column) builds
+    the batch ``_add`` builds event by event."""
+    checked = BatchBuilder()
+    for transaction in transactions:
+        for seq, event in enumerate(tuple(transaction.events) or (None,)):
+            checked._add(_checked(transaction), seq, event)
+    batch = encode(transactions)
+    assert batch.equals(checked.build())
+    assert list(decode([batch])) == transactions
+
+
+def test_a_commit_outside_the_fast_check_is_still_refused():
+    """Fields the fast check does not take go through the checks, which refuse bad ones."""
+    builder = BatchBuilder()
+    good = Insert(LSN(1), TABLE, EncodedRow.from_values(("1", "x", b"y")))
+    builder.add(txn(5, good), 0, good)
+    for bad, complaint in (
+        (txn(6, good, commit_time=datetime(2024, 1, 1)), "has no time zone"),
+        (txn(7, good, xid=-1), "does not fit"),
+        (replace(txn(8, good), size=1 << 64), "does not fit"),
+    ):
+        with pytest.raises(UnloggableInput, match=complaint):
+            builder.add(bad, 0, good)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        Insert(LSN(2), TABLE, None),  # type: ignore[arg-type]
+        Update(LSN(2), TABLE, None),  # type: ignore[arg-type]
+        Delete(LSN(2), TABLE, None, True),  # type: ignore[arg-type]
+    ],
+    ids=["insert", "update", "delete"],
+)
+def test_a_change_without_its_row_is_refused_on_every_path(change):
+    """Also where ``add`` takes the fast path (a table already in the batch)."""
+    first = Insert(LSN(1), TABLE, EncodedRow.from_values(("1", "x", b"y")))
+    for add in ("add", "_add"):
+        builder = BatchBuilder()
+        builder.add(txn(5, first), 0, first)
+        with pytest.raises(UnloggableInput, match="without its row"):
+            getattr(builder, add)(txn(5, first, change), 1, change)
+    with pytest.raises(UnloggableInput, match="without its row"):
+        encode([txn(5, first, change)])

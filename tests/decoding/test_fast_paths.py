@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -22,13 +22,26 @@ from hypothesis import strategies as st
 from pgcdc.decoding import arrow
 from pgcdc.decoding.arrow import rows_to_arrow
 from pgcdc.decoding.pgoutput import (
+    LazyRows,
     PgOutputDecoder,
     PgOutputOptions,
     _read_tuple,
     _read_tuple_checked,
 )
 from pgcdc.errors import DecodeError
-from pgcdc.events import UNCHANGED_TOAST, Column, Delete, Insert, RawValue, Table, Update
+from pgcdc.events import (
+    UNCHANGED_TOAST,
+    Begin,
+    Column,
+    Commit,
+    Delete,
+    EncodedRow,
+    Event,
+    Insert,
+    RawValue,
+    Table,
+    Update,
+)
 from pgcdc.lsn import LSN
 from tests.conftest import examples
 
@@ -123,6 +136,98 @@ def test_changes_from_bytes_and_memoryview_equal_constructed_events(
             assert from_view == expected
             assert type(from_bytes) is type(expected)
             assert repr(from_bytes) == repr(expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(rows.filter(lambda r: len(r) == 4), min_size=1, max_size=4),
+    st.none() | st.integers(0, (1 << 32) - 1),
+)
+def test_updates_decode_alike_in_every_row_mode(
+    changes: list[tuple[RawValue, ...]], stream_xid: int | None
+) -> None:
+    """An Update with its new row alone, read inline in the receiver's unchecked mode, equals
+    what the checked modes read, in and outside a stream block; a wrong width fails alike."""
+    modes: tuple[LazyRows, ...] = (False, True, "unchecked")
+    decoders = [
+        PgOutputDecoder.for_options(
+            PgOutputOptions(["p"], proto_version=2, streaming="on"), lazy_rows=mode
+        )
+        for mode in modes
+    ]
+    prefix = b"U"
+    for decoder in decoders:
+        decoder.decode_one(relation(4), LSN(1))
+        if stream_xid is not None:
+            decoder.decode_one(b"S" + struct.pack("!IB", stream_xid, 1), LSN(2))
+            prefix = b"U" + struct.pack("!I", stream_xid)
+    table = decoders[0].state.relations[TABLE_OID]
+    oid = struct.pack("!I", TABLE_OID)
+    for number, row in enumerate(changes):
+        lsn = LSN(100 + number)
+        payload = prefix + oid + b"N" + encode_tuple(row)
+        expected = Update(lsn, table, row, None, False, stream_xid)
+        for decoder in decoders:
+            event = decoder.decode_one(memoryview(payload), lsn)
+            assert event == expected
+            assert type(event.new) is (tuple if decoder.lazy_rows is False else EncodedRow)
+            assert event.xid == stream_xid
+        narrow = prefix + oid + b"N" + encode_tuple(row[:3])
+        complaints = []
+        for decoder in decoders:
+            with pytest.raises(DecodeError) as failed:
+                decoder.decode_one(narrow, lsn)
+            complaints.append(str(failed.value))
+        assert len(set(complaints)) == 1, complaints
+
+
+# PostgreSQL's timestamps as microseconds since 2000-01-01, within Python's datetime range.
+_MICROS_SINCE_2000 = st.integers(-63_082_281_600_000_000, 252_423_993_599_999_999)
+_U64 = st.integers(0, (1 << 64) - 1)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=_U64,
+    second=_U64,
+    third=_U64,
+    micros=_MICROS_SINCE_2000,
+    xid=st.integers(0, (1 << 32) - 1),
+    flags=st.integers(0, 255),
+)
+def test_begin_and_commit_decode_as_their_constructors_build_them(
+    *, first: int, second: int, third: int, micros: int, xid: int, flags: int
+) -> None:
+    """Begin and Commit, built field by field with unchecked wire LSNs and the split timestamp,
+    equal the events their constructors build from the same fields."""
+    decoder = PgOutputDecoder()
+    moment = _PG_EPOCH + timedelta(microseconds=micros)
+    begin = decoder.decode_one(b"B" + struct.pack("!QqI", first, micros, xid), LSN(7))
+    expected: Event = Begin(LSN(7), xid, LSN(first), moment)
+    assert begin == expected
+    assert repr(begin) == repr(expected)
+    assert type(begin.final_lsn) is LSN  # type: ignore[union-attr]
+    commit = decoder.decode_one(b"C" + struct.pack("!BQQq", flags, second, third, micros), LSN(8))
+    expected = Commit(LSN(8), LSN(second), LSN(third), moment, flags=flags)
+    assert commit == expected
+    assert repr(commit) == repr(expected)
+    assert type(commit.commit_lsn) is LSN and type(commit.end_lsn) is LSN
+
+
+@pytest.mark.parametrize(
+    ("payload", "complaint"),
+    [
+        (b"B" + struct.pack("!QqI", 1, (1 << 63) - 1, 5), "out of range"),  # infinity
+        (b"C" + struct.pack("!BQQq", 0, 1, 2, -(1 << 63)), "out of range"),  # -infinity
+        (b"B" + struct.pack("!QqI", 1, 0, 5) + b"x", "1 unexpected trailing bytes"),
+        (b"C" + struct.pack("!BQQq", 0, 1, 2, 0) + b"xy", "2 unexpected trailing bytes"),
+        (b"C" + struct.pack("!BQQq", 0, 1, 2, 0)[:-1], "truncated"),
+    ],
+)
+def test_bad_begin_and_commit_are_decode_errors(payload: bytes, complaint: str) -> None:
+    with pytest.raises(DecodeError, match=complaint):
+        PgOutputDecoder().decode_one(payload, LSN(9))
 
 
 def test_bad_column_kind_names_the_problem() -> None:

@@ -22,6 +22,7 @@ from pgcdc.errors import (
     SlotInUse,
     SlotNotFound,
 )
+from pgcdc.events import Delete, Insert, Update
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from pgcdc.receiver import (
@@ -449,3 +450,66 @@ def test_row_runs_log_exactly_what_single_events_log(
     runs, single = log_rows(tmp_path / "runs"), log_rows(tmp_path / "single")
     assert runs.num_rows == single.num_rows > 5000
     assert runs.equals(single)
+
+
+def test_small_transactions_are_logged_as_postgresql_committed_them(
+    db: Database, tmp_path: Path
+) -> None:
+    """OLTP transactions (one UPDATE; TPC-B's three UPDATEs and an INSERT; an UPDATE with the
+    old row; a DELETE), which take the receiver's per-transaction fast paths, reach the log as
+    the server committed them: its xids in commit order, commit times within each
+    transaction's span on the server's clock, and the rows the tables hold afterwards."""
+    db.execute("CREATE TABLE acct (id int PRIMARY KEY, bal int NOT NULL)")
+    db.execute("CREATE TABLE branch (id int PRIMARY KEY, bal int NOT NULL, note text)")
+    db.execute("ALTER TABLE branch REPLICA IDENTITY FULL")
+    db.execute("CREATE TABLE hist (id int PRIMARY KEY, aid int, delta int)")
+    db.execute("INSERT INTO acct SELECT g, 0 FROM generate_series(1, 20) g")
+    db.execute("INSERT INTO branch SELECT g, 0, 'b' || g FROM generate_series(1, 3) g")
+    db.execute("CREATE PUBLICATION pub FOR TABLE acct, branch, hist")
+    db.execute("SELECT pg_create_logical_replication_slot('oltp', 'pgoutput')")
+    committed: list[tuple[int, Any, Any]] = []  # xid, transaction start, after its commit
+    with db.connect() as conn:
+        for n in range(60):
+            aid, delta = n % 20 + 1, n - 30
+            with conn.transaction():
+                xid, started = conn.execute(
+                    "SELECT pg_current_xact_id()::text::bigint, now()"
+                ).fetchone()  # type: ignore[misc]
+                conn.execute("UPDATE acct SET bal = bal + %s WHERE id = %s", (delta, aid))
+                if n % 3 == 0:
+                    conn.execute(
+                        "UPDATE branch SET bal = bal + %s WHERE id = %s", (delta, n // 3 % 3 + 1)
+                    )
+                    conn.execute("UPDATE acct SET bal = bal - 1 WHERE id = %s", (21 - aid,))
+                    conn.execute("INSERT INTO hist VALUES (%s, %s, %s)", (n, aid, delta))
+                if n % 10 == 9:
+                    conn.execute("DELETE FROM hist WHERE id = %s", (n - 9,))
+            (after,) = conn.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
+            committed.append((xid, started, after))
+        end = current_lsn(conn)
+    options = ReceiverOptions(db.conninfo(), "oltp", publications=("pub",), end_lsn=end)
+    with ChangeLogWriter(tmp_path / "log") as writer:
+        Receiver(options, writer).run()
+
+    transactions = [t for t in ChangeLog(tmp_path / "log").read_transactions() if t.events]
+    assert [t.xid for t in transactions] == [xid for xid, _, _ in committed]
+    for txn, (_, started, after) in zip(transactions, committed, strict=True):
+        assert txn.commit_time is not None and started <= txn.commit_time <= after
+    commits = [t.commit_lsn for t in transactions]
+    assert commits == sorted(set(commits)) and commits[-1] <= end
+    # Replayed in log order, the logged rows are what the tables hold.
+    replayed: dict[str, dict[str, tuple[Any, ...]]] = {"acct": {}, "branch": {}, "hist": {}}
+    for txn in transactions:
+        for event in txn.events:
+            if isinstance(event, Insert | Update):
+                replayed[event.table.name][str(event.new[0])] = tuple(event.new)
+            elif isinstance(event, Delete):
+                del replayed[event.table.name][str(event.old[0])]
+    for table, rows in replayed.items():
+        source = {
+            str(row[0]): tuple(None if v is None else str(v) for v in row)
+            for row in db.execute(f"SELECT * FROM {table}")
+        }
+        if table != "hist":  # the log holds the rows that changed
+            source = {key: source[key] for key in rows}
+        assert rows == source, table

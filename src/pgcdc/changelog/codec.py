@@ -77,6 +77,8 @@ _OUTCOMES = tuple(TransactionOutcome)
 _OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(_OUTCOMES)}
 _OUTCOME_DICTIONARY = pa.array([o.value for o in _OUTCOMES], pa.string())
 _OUTCOME_BY_VALUE = {o.value: o for o in _OUTCOMES}
+_COMMIT = TransactionOutcome.COMMIT
+_COMMIT_INDEX = _OUTCOME_INDEX[_COMMIT]
 
 SCHEMA = pa.schema(
     [
@@ -210,6 +212,11 @@ def _row_data(row: Row) -> bytes:
     """A row's TupleData bytes: an ``EncodedRow``'s as they are, a tuple's encoded once."""
     if type(row) is EncodedRow:
         return row.data
+    if row is None:
+        raise UnloggableInput(
+            "a row change without its row (an Insert's new row, a Delete's old row: None) "
+            "cannot be logged; decoders always give one"
+        )
     try:
         return encode_tuple_data(row)
     except InvalidRowValue as exc:
@@ -352,6 +359,33 @@ class BatchBuilder:
     def _txn_index(self, txn: CommittedTransaction) -> int:
         if txn is self._txn:
             return self._txn_pos
+        commit_lsn, end_lsn, xid, size = txn.commit_lsn, txn.end_lsn, txn.xid, txn.size
+        commit_time = txn.commit_time
+        if (
+            # What a receiver's plain commit holds, known valid: the fields as below, unchecked.
+            type(commit_lsn) is LSN
+            and type(end_lsn) is LSN
+            and (xid is None or type(xid) is int)
+            and type(size) is int
+            and (
+                commit_time is None
+                or (type(commit_time) is datetime and commit_time.tzinfo is not None)
+            )
+            and txn.origin is None
+            and txn.origin_lsn is None
+            and txn.gid is None
+            and txn.outcome is _COMMIT
+            and 0 <= commit_lsn < _U64
+            and 0 <= end_lsn < _U64
+            and (xid is None or 0 <= xid < _U64)
+            and 0 <= size < _U64
+        ):
+            self._txns.append(
+                (commit_lsn, end_lsn, xid, commit_time, None, None, None, _COMMIT_INDEX, size)
+            )  # fmt: skip
+            self._txn = txn
+            self._txn_pos = len(self._txns) - 1
+            return self._txn_pos
         if txn.commit_time is not None and (
             not isinstance(txn.commit_time, datetime) or txn.commit_time.tzinfo is None
         ):
@@ -392,27 +426,58 @@ class BatchBuilder:
         """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
         without events); return its approximate size. Unloggable input raises before
         anything is added, so the builder stays consistent."""
-        if type(event) is Insert and txn is self._txn:
-            # An insert of the current transaction, a known table, a row from the decoder,
-            # positions the decoder made (LSNs are range-checked when made).
-            table = event.table
+        kind = type(event)
+        if kind is Insert or kind is Update or kind is Delete:
+            # A row change of a known table, rows from the decoder, positions the decoder made
+            # (LSNs are range-checked when made): ``_add`` without its checks.
+            table = event.table  # type: ignore[union-attr]
             entry = self._table_ids.get(id(table))
-            row = event.new
-            xid = event.xid
-            lsn = event.lsn
+            xid = event.xid  # type: ignore[union-attr]
+            lsn = event.lsn  # type: ignore[union-attr]
+            old_is_key: bool | None = None
+            if kind is Insert:
+                new, old = event.new, None  # type: ignore[union-attr]
+                rows_ok = type(new) is EncodedRow
+            elif kind is Update:
+                new, old = event.new, event.old  # type: ignore[union-attr]
+                old_is_key = bool(event.old_is_key)  # type: ignore[union-attr]
+                rows_ok = type(new) is EncodedRow and (old is None or type(old) is EncodedRow)
+            else:
+                new, old = None, event.old  # type: ignore[union-attr]
+                old_is_key = bool(event.old_is_key)  # type: ignore[union-attr]
+                rows_ok = type(old) is EncodedRow
             if (
-                entry is not None
+                rows_ok
+                and entry is not None
                 and entry[0] is table
-                and type(row) is EncodedRow
                 and type(lsn) is LSN
                 and type(seq) is int
                 and 0 <= seq < _U32
                 and (xid is None or (type(xid) is int and 0 <= xid < _U64))
             ):
-                data = row._data
-                self._append((self._txn_pos, seq, lsn, _INSERT, xid, entry[1], data, None, None))
-                size = len(data) - entry[2]
-                return 64 + size if size > 0 else 64
+                txn_index = self._txn_pos if txn is self._txn else self._txn_index(txn)
+                size = 64
+                new_data = old_data = None
+                if new is not None:
+                    new_data = new._data  # type: ignore[union-attr]
+                    if len(new_data) > entry[2]:
+                        size += len(new_data) - entry[2]
+                if old is not None:
+                    old_data = old._data  # type: ignore[union-attr]
+                    if len(old_data) > entry[2]:
+                        size += len(old_data) - entry[2]
+                # _append, inlined.
+                self._c_txn.append(txn_index)
+                self._c_seq.append(seq)
+                self._c_lsn.append(lsn)
+                self._c_kind.append(_RUN_KINDS[kind])
+                self._c_xid.append(xid)
+                self._c_table.append(entry[1])
+                self._c_new.append(new_data)
+                self._c_old.append(old_data)
+                self._c_old_is_key.append(old_is_key)
+                self.rows += 1
+                return size
         return self._add(txn, seq, event)
 
     def add_run(
@@ -436,6 +501,9 @@ class BatchBuilder:
         event by event through ``add``. Unloggable input raises; the events before the failing
         one may have been added (a writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
+        if end - start == 1 and type(events[start]) in _RUN_TYPES:
+            # One row change (a small transaction's last one, or its only one).
+            return self.add(txn, seq, events[start]), end, seq + 1
         if end - start > 1 and seq + end - start <= _U32:
             run = events if start == 0 and end == len(events) else events[start:end]
             kinds = set(map(type, run))

@@ -143,11 +143,22 @@ _insert_lsn, _insert_table, _insert_new, _insert_xid = _field_setters(Insert)
     _update_xid,
 ) = _field_setters(Update)
 _delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = _field_setters(Delete)
+_BEGIN_SETTERS = _field_setters(Begin)
+_COMMIT_SETTERS = _field_setters(Commit)
 
 
-def _time(micros: int) -> datetime:
-    """PostgreSQL TimestampTz (microseconds since 2000-01-01 UTC) as an aware datetime."""
-    return _PG_EPOCH + timedelta(microseconds=micros)
+def _time(micros: int, epoch: datetime = _PG_EPOCH, delta: type[timedelta] = timedelta) -> datetime:
+    """PostgreSQL TimestampTz (microseconds since 2000-01-01 UTC) as an aware datetime.
+
+    Seconds and microseconds are split here: ``timedelta(microseconds=...)`` normalises a
+    large microsecond count much more slowly, and every transaction has two of these."""
+    seconds, micros = divmod(micros, 1_000_000)
+    return epoch + delta(0, seconds, micros)
+
+
+# LSNs read with an unsigned 64-bit ``struct`` format are always in range: ``_int_new(LSN, v)``
+# builds them without LSN.__new__'s check (two per transaction boundary).
+_int_new = int.__new__
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
@@ -510,13 +521,34 @@ class PgOutputDecoder:
         if self._state.stream_xid is not None:
             raise DecodeError("Begin inside a stream block (no Stream Stop before it)")
         final_lsn, commit_time, xid = _BEGIN(buf, 1)
-        self._check_end(buf, 21)
-        return Begin(lsn, xid, LSN(final_lsn), _time(commit_time))
+        if len(buf) != 21:
+            self._check_end(buf, 21)
+        # Begin(lsn, xid, LSN(final_lsn), _time(commit_time)), built as _insert builds.
+        event = _new_object(Begin)
+        set_lsn, set_xid, set_final, set_time, set_csn, set_first, set_user = _BEGIN_SETTERS
+        set_lsn(event, lsn)
+        set_xid(event, xid)
+        set_final(event, _int_new(LSN, final_lsn))
+        set_time(event, _time(commit_time))
+        set_csn(event, None)
+        set_first(event, None)
+        set_user(event, None)
+        return event
 
     def _commit(self, buf: bytes, lsn: LSN) -> Event:
         flags, commit_lsn, end_lsn, commit_time = _COMMIT(buf, 1)
-        self._check_end(buf, 26)
-        return Commit(lsn, LSN(commit_lsn), LSN(end_lsn), _time(commit_time), flags=flags)
+        if len(buf) != 26:
+            self._check_end(buf, 26)
+        # Commit(lsn, LSN(commit_lsn), LSN(end_lsn), _time(commit_time), flags=flags).
+        event = _new_object(Commit)
+        set_lsn, set_commit, set_end, set_time, set_xid, set_flags = _COMMIT_SETTERS
+        set_lsn(event, lsn)
+        set_commit(event, _int_new(LSN, commit_lsn))
+        set_end(event, _int_new(LSN, end_lsn))
+        set_time(event, _time(commit_time))
+        set_xid(event, None)
+        set_flags(event, flags)
+        return event
 
     def _origin(self, buf: bytes, lsn: LSN) -> Event:
         (origin_lsn,) = _LSN(buf, 1)
@@ -612,21 +644,35 @@ class PgOutputDecoder:
         return event
 
     def _update(self, buf: bytes, lsn: LSN) -> Event:
-        xid, pos = self._stream_xid(buf)
+        # Frequent in OLTP: _stream_xid, and _last_row for the new row alone, are inlined here.
+        xid = self._state.stream_xid
+        if xid is None:
+            pos = 1
+        else:
+            (xid,) = _U32(buf, 1)
+            pos = 5
         (oid,) = _U32(buf, pos)
         table = self._relations.get(oid) or self._table(oid, lsn, "Update")
         kind = buf[pos + 4]
         pos += 5
         old: Row | None = None
-        if kind in (_KEY, _OLD):
-            old, pos = self._row(buf, pos, table)
-            new_marker = buf[pos]
-            pos += 1
-            if new_marker != _NEW:
-                raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
-        elif kind != _NEW:
-            raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
-        new = self._last_row(buf, pos, table)
+        new: Row
+        if kind == _NEW and self._unchecked_rows:
+            if _U16(buf, pos)[0] != len(table.columns):
+                raise _width_error(_U16(buf, pos)[0], table)
+            new = _new_object(EncodedRow)
+            _encoded_data(new, buf[pos:])
+            _encoded_values(new, None)
+        else:
+            if kind in (_KEY, _OLD):
+                old, pos = self._row(buf, pos, table)
+                new_marker = buf[pos]
+                pos += 1
+                if new_marker != _NEW:
+                    raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
+            elif kind != _NEW:
+                raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
+            new = self._last_row(buf, pos, table)
         event = _new_object(Update)
         _update_lsn(event, lsn)
         _update_table(event, table)

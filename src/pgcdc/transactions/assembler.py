@@ -208,7 +208,13 @@ class TransactionAssembler:
                 else:
                     self._hold(txn, event, event.xid, 1, size)  # type: ignore[union-attr]
                 return []
-        handler = self._handlers.get(type(event))
+        kind = type(event)
+        if kind is Commit:
+            return list(self._on_commit(event, size))  # type: ignore[arg-type]
+        if kind is Begin:
+            self._on_begin(event, size)  # type: ignore[arg-type]
+            return []
+        handler = self._handlers.get(kind)
         if handler is None:
             raise TransactionSequenceError(
                 f"{type(event).__name__} is not a pgcdc.events event; feed decoder output only"
@@ -760,17 +766,22 @@ class TransactionAssembler:
             self._drop(txn)
             return _NOTHING
         strip = not options.include_xids
-        prefix = [without_xid(e) for e in self._carry] if strip else self._carry
-        self._carry = []
         events: Iterable[Event]
+        if self._carry:
+            prefix = [without_xid(e) for e in self._carry] if strip else self._carry
+            self._carry = []
+        else:
+            prefix = []
         if txn.spill is not None:
             keep = _without_subtransactions(frozenset(txn.aborted)) if txn.aborted else None
             events = txn.spill.finish(keep=keep, strip_xids=strip, prefix=tuple(prefix))
             txn.spill = None
         elif strip:
             events = tuple(prefix) + tuple(without_xid(e) for e in txn.events)
-        else:
+        elif prefix:
             events = tuple(prefix) + tuple(txn.events)
+        else:
+            events = tuple(txn.events)
         size = txn.size
         self._drop(txn)
         self._emitted_since_idle = True
