@@ -1,9 +1,9 @@
 """Both sides of the oracle in PostgreSQL's text form, and mismatch reports that name the
 table, the row and each differing value.
 
-Subscriber values: ``SELECT col::text`` under fixed session settings (``TEXT_SETTINGS``). Lake
+Subscriber values: ``SELECT col`` as the output functions print them, under fixed session settings (``TEXT_SETTINGS``). Lake
 values: converted to input text (``texts``), ``coalesce(_text[col], col)``, loaded into a
-scratch table with the subscriber table's column types, and read back the same way.
+scratch table with the same column types, and read back the same way.
 """
 
 from __future__ import annotations
@@ -83,12 +83,27 @@ def table_columns(conn: Conn, schema: str, table: str) -> list[PgColumn]:
     return relation_columns(conn, row[0])
 
 
+def output_texts(conn: Conn, query: sql.Composable) -> list[TextRow]:
+    """The rows of ``query`` exactly as the types' output functions print them (what
+    test_decoding and COPY show; ``::text`` differs for bool, bpchar, inet, ...)."""
+    cursor = conn.execute(query)
+    result = cursor.pgresult
+    assert result is not None
+    rows = []
+    for i in range(result.ntuples):
+        row = []
+        for j in range(result.nfields):
+            value = result.get_value(i, j)
+            row.append(None if value is None else bytes(value).decode())
+        rows.append(tuple(row))
+    return rows
+
+
 def subscriber_rows(conn: Conn, schema: str, table: str, columns: list[PgColumn]) -> list[TextRow]:
     query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(ident(c.name)) for c in columns),
-        ident(schema, table),
+        sql.SQL(", ").join(ident(c.name) for c in columns), ident(schema, table)
     )
-    return [tuple(r) for r in conn.execute(query).fetchall()]
+    return output_texts(conn, query)
 
 
 def lake_path(lake: str, schema: str, table: str, kind: SinkKind) -> str:
@@ -145,9 +160,9 @@ def lake_texts(
     except psycopg.Error as exc:
         raise AssertionError(f"a lake value is not valid input for its PostgreSQL type: {exc}") from None
     query = sql.SQL("SELECT {} FROM pg_temp.oracle_scratch ORDER BY oracle_ord").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(ident(c.name)) for c in columns)
+        sql.SQL(", ").join(ident(c.name) for c in columns)
     )
-    return [tuple(r) for r in conn.execute(query).fetchall()]
+    return output_texts(conn, query)
 
 
 @dataclass

@@ -7,7 +7,8 @@ here is a plain module-level value (``COLUMNS``, ``TOAST_COLUMNS``, ``TABLES``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 
 # User-defined types the column specs use; created on the publisher and on the subscriber.
 USER_TYPES: list[str] = [
@@ -209,11 +210,30 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _skipped() -> tuple[set[str], list[str]]:
+    """Columns (``PGCDC_ORACLE_SKIP_COLUMNS=f4,full:ia``: everywhere, or in the tables of one
+    kind) and values (``PGCDC_ORACLE_SKIP_VALUES``:
+    literals containing any of these comma-separated substrings) to leave out, e.g. to see
+    past a value that stops the whole pipeline."""
+    columns = {n for n in os.environ.get("PGCDC_ORACLE_SKIP_COLUMNS", "").split(",") if n}
+    values = [v for v in os.environ.get("PGCDC_ORACLE_SKIP_VALUES", "").split(",") if v]
+    return columns, values
+
+
+def active(spec: ColumnSpec) -> ColumnSpec:
+    """``spec`` without the skipped values."""
+    _, skipped = _skipped()
+    return replace(spec, values=tuple(v for v in spec.values if not any(s in v for s in skipped)))
+
+
 def columns_for(table: TableSpec, major: int, binary: bool) -> list[ColumnSpec]:
     """The value columns of ``table`` on a server of version ``major`` in that format."""
     wanted = set(table.columns)
+    skipped_columns, _ = _skipped()
     chosen = []
-    for spec in COLUMNS:
+    for spec in map(active, COLUMNS):
+        if not spec.values or {spec.name, f"{table.kind}:{spec.name}"} & skipped_columns:
+            continue
         if spec.min_major > major or (binary and not spec.binary):
             continue
         if wanted and spec.name not in wanted:

@@ -80,6 +80,13 @@ def decimal_text(value: Decimal) -> str:
     return format(value, "f")  # never exponents: money_in does not read them
 
 
+def char_text(value: str) -> str:
+    """"char": the lake holds a byte >= 0x80 as chr(byte); charin reads it as \\ooo."""
+    if len(value) == 1 and ord(value) >= 0x80:
+        return f"\\{ord(value):03o}"
+    return value
+
+
 def _quote_element(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -116,7 +123,7 @@ def texts(array: pa.Array, pg_type: str) -> Texts:
         convert = decimal_text
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
         values = array.to_pylist()
-        convert = str
+        convert = char_text if pg_type == "char" else str
     elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
         values = array.to_pylist()
         convert = lambda v: "\\x" + v.hex()  # noqa: E731
