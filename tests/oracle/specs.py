@@ -247,8 +247,18 @@ def columns_for(table: TableSpec, major: int, binary: bool) -> list[ColumnSpec]:
 
 
 def toast_for(table: TableSpec) -> list[ToastSpec]:
+    skipped, _ = _skipped()
+    chosen = [t for t in TOAST_COLUMNS if not {t.name, f"{table.kind}:{t.name}"} & skipped]
     if table.kind == "keys":
-        return TOAST_COLUMNS[:1]
+        return chosen[:1]
     if table.kind == "full":
-        return [t for t in TOAST_COLUMNS if t.full]
-    return list(TOAST_COLUMNS)
+        return [t for t in chosen if t.full]
+    return chosen
+
+
+def tables() -> list[TableSpec]:
+    """The workload's tables: ``TABLES``, or ``PLAIN_TABLES`` with ``PGCDC_ORACLE_NAMES=plain``;
+    ``PGCDC_ORACLE_KINDS=wide,keys`` keeps only those kinds."""
+    chosen = PLAIN_TABLES if os.environ.get("PGCDC_ORACLE_NAMES") == "plain" else TABLES
+    kinds = {k for k in os.environ.get("PGCDC_ORACLE_KINDS", "").split(",") if k}
+    return [t for t in chosen if not kinds or t.kind in kinds]
