@@ -36,6 +36,9 @@ TEXT_SETTINGS = {
 
 
 def fix_settings(conn: Conn) -> None:
+    """The oracle's text settings, and no prepared statements: the scratch table's queries
+    repeat with other column types."""
+    conn.prepare_threshold = None
     for name, value in TEXT_SETTINGS.items():
         conn.execute(sql.SQL("SELECT set_config({}, {}, false)").format(name, value))
 
