@@ -131,6 +131,7 @@ def compare_changelogs(
     report: Report,
     publisher: psycopg.Connection[Any],
     scratch: psycopg.Connection[Any],
+    *,
     lake: str,
     tables: list[TableSpec],
     slot: str,
@@ -144,7 +145,8 @@ def compare_changelogs(
         # character(5)): the subscriber's definition wins for the columns it still has.
         current = {c.name: c for c in table_columns(scratch, table.schema, table.name)}
         columns = [
-            current.get(name, PgColumn(name, type_sql, "")) for name, type_sql in table_types.items()
+            current.get(name, PgColumn(name, type_sql, ""))
+            for name, type_sql in table_types.items()
         ]
         path = lake_path(lake, table.schema, table.name, SinkKind.CHANGELOG)
         if not Path(path).exists():
@@ -152,19 +154,26 @@ def compare_changelogs(
             continue
         got = lake_changes(scratch, lake, table, columns)
         if len(got) != len(expected):
-            report.problem(where, f"{len(got)} changes in the lake, test_decoding has {len(expected)}")
+            report.problem(
+                where, f"{len(got)} changes in the lake, test_decoding has {len(expected)}"
+            )
         for i, (e, g) in enumerate(zip(expected, got, strict=False)):
             if e.op != g.op:
-                report.problem(where, f"change {i}: op {g.op}, test_decoding has {e.op}; stopped here")
+                report.problem(
+                    where, f"change {i}: op {g.op}, test_decoding has {e.op}; stopped here"
+                )
                 break
             label = f"{where} [change {i} {e.op} id={(e.new or e.old).get('id')}]"
             for name, value in e.new.items():
                 if g.new.get(name) != value:
-                    report.add(where, name, f"{label} {name}: expected {value!r:.120} got {g.new.get(name)!r:.120}")
+                    report.add(
+                        where,
+                        name,
+                        f"{label} {name}: expected {value!r:.120} got {g.new.get(name)!r:.120}",
+                    )
             old_names = _old_columns(table, list(e.old))
             for name in old_names:
                 if e.old.get(name) != g.old.get(name):
-                    report.add(
-                        where, f"_old.{name}",
-                        f"{label} _old.{name}: expected {e.old.get(name)!r:.120} got {g.old.get(name)!r:.120}",
-                    )  # fmt: skip
+                    expected, found = e.old.get(name), g.old.get(name)
+                    message = f"{label} _old.{name}: expected {expected!r:.120} got {found!r:.120}"
+                    report.add(where, f"_old.{name}", message)

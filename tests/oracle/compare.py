@@ -1,9 +1,10 @@
 """Both sides of the oracle in PostgreSQL's text form, and mismatch reports that name the
 table, the row and each differing value.
 
-Subscriber values: ``SELECT col`` as the output functions print them, under fixed session settings (``TEXT_SETTINGS``). Lake
-values: converted to input text (``texts``), ``coalesce(_text[col], col)``, loaded into a
-scratch table with the same column types, and read back the same way.
+Subscriber values: ``SELECT col`` as the output functions print them, under fixed session
+settings (``TEXT_SETTINGS``). Lake values: converted to input text (``texts``),
+``coalesce(_text[col], col)``, loaded into a scratch table with the same column types, and
+read back the same way.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def table_columns(conn: Conn, schema: str, table: str) -> list[PgColumn]:
     return relation_columns(conn, row[0])
 
 
-def output_texts(conn: Conn, query: sql.Composable) -> list[TextRow]:
+def output_texts(conn: Conn, query: sql.Composed) -> list[TextRow]:
     """The rows of ``query`` exactly as the types' output functions print them (what
     test_decoding and COPY show; ``::text`` differs for bool, bpchar, inet, ...)."""
     cursor = conn.execute(query)
@@ -152,16 +153,16 @@ def lake_texts(
             typed = texts(data.column(column.name).combine_chunks(), scalars[column.name])
         else:
             typed = [None] * data.num_rows
-        per_column.append(
-            [m[column.name] if column.name in m else v for m, v in zip(maps, typed, strict=True)]
-        )
+        per_column.append([m.get(column.name, v) for m, v in zip(maps, typed, strict=True)])
     copy_sql = sql.SQL("COPY pg_temp.oracle_scratch FROM STDIN")
     try:
         with conn.cursor() as cursor, cursor.copy(copy_sql) as copy:
             for i in range(data.num_rows):
                 copy.write_row([str(i), *(values[i] for values in per_column)])
     except psycopg.Error as exc:
-        raise AssertionError(f"a lake value is not valid input for its PostgreSQL type: {exc}") from None
+        raise AssertionError(
+            f"a lake value is not valid input for its PostgreSQL type: {exc}"
+        ) from None
     query = sql.SQL("SELECT {} FROM pg_temp.oracle_scratch ORDER BY oracle_ord").format(
         sql.SQL(", ").join(ident(c.name) for c in columns)
     )
@@ -211,16 +212,24 @@ class Report:
             label = ", ".join(f"{names[i]}={row[i]}" for i in positions)
             candidates = extra_by_key.get(key)
             if not candidates:
-                self.add(where, "(row)", f"{where} [{label}]: row missing from the lake: {_show(names, row)}")
+                self.add(
+                    where,
+                    "(row)",
+                    f"{where} [{label}]: row missing from the lake: {_show(names, row)}",
+                )
                 continue
             other = candidates.pop(0)
             for name, e, g in zip(names, row, other, strict=True):
                 if e != g:
-                    self.add(where, name, f"{where} [{label}] {name}: expected {_cut(e)} got {_cut(g)}")
+                    self.add(
+                        where, name, f"{where} [{label}] {name}: expected {_cut(e)} got {_cut(g)}"
+                    )
         for rows in extra_by_key.values():
             for row in rows:
                 label = ", ".join(f"{names[i]}={row[i]}" for i in positions)
-                self.add(where, "(row)", f"{where} [{label}]: extra row in the lake: {_show(names, row)}")
+                self.add(
+                    where, "(row)", f"{where} [{label}]: extra row in the lake: {_show(names, row)}"
+                )
 
     def problem(self, where: str, message: str) -> None:
         self.add(where, "(check)", f"{where}: {message}")

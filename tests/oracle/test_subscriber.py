@@ -113,7 +113,10 @@ def test_lake_equals_the_native_subscriber(
         for conn in (pub, sub):
             create_schema(conn, tables, db.major, binary)
         pub.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        settings_sql = {"logical_decoding_work_mem": "64kB", **(HOSTILE if mode == "hostile" else {})}
+        settings_sql = {
+            "logical_decoding_work_mem": "64kB",
+            **(HOSTILE if mode == "hostile" else {}),
+        }
         for name, value in settings_sql.items():
             pub.execute(
                 sql.SQL("ALTER DATABASE {} SET {} = {}").format(
@@ -121,7 +124,9 @@ def test_lake_equals_the_native_subscriber(
                 )
             )
         pub.execute(f"SELECT pg_create_logical_replication_slot('{PIPELINE_SLOT}', 'pgoutput')")
-        pub.execute(f"SELECT pg_create_logical_replication_slot('{DECODING_SLOT}', 'test_decoding')")
+        pub.execute(
+            f"SELECT pg_create_logical_replication_slot('{DECODING_SLOT}', 'test_decoding')"
+        )
         sub.execute(
             sql.SQL(
                 "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION pub "
@@ -183,7 +188,9 @@ def test_lake_equals_the_native_subscriber(
                     got = lake_texts(sub, columns, data)
                     report.compare(where, columns, expected, got, pair_by)
             fix_settings(pub)
-            compare_changelogs(report, pub, sub, settings.lake, tables, DECODING_SLOT)
+            compare_changelogs(
+                report, pub, sub, lake=settings.lake, tables=tables, slot=DECODING_SLOT
+            )
         finally:
             sub.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(SUBSCRIPTION)))
 

@@ -90,7 +90,15 @@ def test_times_intervals_floats_decimals_and_the_rest(db: Database) -> None:
             None,
         )
 
-        floats = [float("nan"), float("inf"), float("-inf"), -0.0, 5e-324, 1.7976931348623157e308, 0.1]
+        floats = [
+            float("nan"),
+            float("inf"),
+            float("-inf"),
+            -0.0,
+            5e-324,
+            1.7976931348623157e308,
+            0.1,
+        ]
         assert _texts(conn, "float8", pa.array(floats, pa.float64())) == [
             "NaN", "Infinity", "-Infinity", "-0", "5e-324", "1.7976931348623157e+308", "0.1",
         ]  # fmt: skip

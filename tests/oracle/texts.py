@@ -81,7 +81,7 @@ def decimal_text(value: Decimal) -> str:
 
 
 def char_text(value: str) -> str:
-    """"char": the lake holds a byte >= 0x80 as chr(byte); charin reads it as \\ooo."""
+    """The "char" type: the lake holds a byte >= 0x80 as chr(byte); charin reads it as \\ooo."""
     if len(value) == 1 and ord(value) >= 0x80:
         return f"\\{ord(value):03o}"
     return value
@@ -106,7 +106,9 @@ def texts(array: pa.Array, pg_type: str) -> Texts:
                 out.append(None)
                 continue
             items = inner[offsets[i] - first : offsets[i + 1] - first]
-            out.append("{" + ",".join("NULL" if v is None else _quote_element(v) for v in items) + "}")
+            out.append(
+                "{" + ",".join("NULL" if v is None else _quote_element(v) for v in items) + "}"
+            )
         return out
     convert: Callable[[Any], str]
     if pa.types.is_boolean(t):
@@ -141,4 +143,6 @@ def texts(array: pa.Array, pg_type: str) -> Texts:
         convert = lambda v: interval_text(v["months"], v["days"], v["nanoseconds"])  # noqa: E731
     else:
         raise TypeError(f"no PostgreSQL text converter for Arrow type {t} ({pg_type})")
-    return [convert(v) if ok and v is not None else None for v, ok in zip(values, valid, strict=True)]
+    return [
+        convert(v) if ok and v is not None else None for v, ok in zip(values, valid, strict=True)
+    ]

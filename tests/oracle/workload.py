@@ -57,7 +57,9 @@ def create_schema(conn: Conn, tables: list[TableSpec], major: int, binary: bool)
             parts.append("PRIMARY KEY (" + ", ".join(q(s.name) for s in specs) + ")")
         conn.execute(f"CREATE TABLE {table.qualified} ({', '.join(parts)})")
         for toast in toasts:
-            conn.execute(f"ALTER TABLE {table.qualified} ALTER {q(toast.name)} SET STORAGE EXTERNAL")
+            conn.execute(
+                f"ALTER TABLE {table.qualified} ALTER {q(toast.name)} SET STORAGE EXTERNAL"
+            )
         if table.kind == "full":
             conn.execute(f"ALTER TABLE {table.qualified} REPLICA IDENTITY FULL")
 
@@ -80,7 +82,9 @@ def toast_literal(rng: random.Random, toast: ToastSpec) -> str:
         rows = [",".join(str(rng.randint(-9, 10**6)) for _ in range(n // 4)) for _ in range(3)]
         return "'{" + ",".join("{" + r + "}" for r in rows) + "}'"
     if toast.kind == "dates":
-        days = ["infinity"] + [f"{rng.randint(1000, 2999)}-01-{rng.randint(10, 28)}" for _ in range(n // 3)]
+        days = ["infinity"] + [
+            f"{rng.randint(1000, 2999)}-01-{rng.randint(10, 28)}" for _ in range(n // 3)
+        ]
         return "'{" + ",".join(days) + "}'"
     raise ValueError(toast.kind)
 
@@ -214,7 +218,7 @@ class Workload:
             self.insert(conn, table, session)
             return
         row_id = rng.choice(ids)
-        specs = [s for s in self._specs(table)]
+        specs = self._specs(table)
         choice = rng.random()
         sets: list[str] = []
         case = "update leaving TOAST unchanged"
@@ -239,7 +243,9 @@ class Workload:
             if table.kind == "wide" and live and rng.random() < 0.5:
                 name = rng.choice(live)
                 sets.append(f"{q(name)} = {self._added_value(name)}")
-        statement = f"UPDATE {table.qualified} SET {', '.join(sets)} WHERE {self._where_one(table, row_id)}"
+        statement = (
+            f"UPDATE {table.qualified} SET {', '.join(sets)} WHERE {self._where_one(table, row_id)}"
+        )
         if table.kind == "keys":
             # A changed key may collide with an existing one: try it in a savepoint.
             conn.execute("SAVEPOINT try_key")
