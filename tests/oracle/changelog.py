@@ -174,6 +174,6 @@ def compare_changelogs(
             old_names = _old_columns(table, list(e.old))
             for name in old_names:
                 if e.old.get(name) != g.old.get(name):
-                    expected, found = e.old.get(name), g.old.get(name)
-                    message = f"{label} _old.{name}: expected {expected!r:.120} got {found!r:.120}"
+                    want, found = e.old.get(name), g.old.get(name)
+                    message = f"{label} _old.{name}: expected {want!r:.120} got {found!r:.120}"
                     report.add(where, f"_old.{name}", message)
