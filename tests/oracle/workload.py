@@ -378,12 +378,13 @@ class Workload:
         self.counts.add("drop column")
 
     def run(self, transactions: int, streamed_rows: int) -> None:
+        # No TRUNCATE after ADD COLUMN: rows from before it must reach the end untouched.
         plan = {
             transactions // 5: self.truncate,
-            transactions // 3: self.add_columns,
-            transactions // 2: lambda: self.streamed(streamed_rows),
-            (2 * transactions) // 3: self.drop_columns,
-            (3 * transactions) // 4: self.truncate,
+            (2 * transactions) // 5: self.truncate,
+            transactions // 2: self.add_columns,
+            (3 * transactions) // 5: lambda: self.streamed(streamed_rows),
+            (4 * transactions) // 5: self.drop_columns,
         }
         for step in range(transactions):
             if step in plan:
