@@ -12,8 +12,14 @@ tables, value for value in PostgreSQL's text form, and the Delta changelog must 
 test_decoding's changes one for one. A failure lists every differing value by table, row and
 column.
 
-Parametrized over PG15/PG18 (``cluster``) and three modes: pgoutput text, pgoutput binary,
-and text with hostile server settings on the source database.
+Parametrized over PG15/PG18 (``cluster``) and pgoutput text and binary, plus one run (PG15) in
+text with hostile server settings on the source database.
+
+Knobs (environment), to narrow the coverage while defects stop the whole pipeline: see
+``specs.py`` (``PGCDC_ORACLE_SKIP_COLUMNS``, ``PGCDC_ORACLE_SKIP_VALUES``, ``PGCDC_ORACLE_NAMES``,
+``PGCDC_ORACLE_KINDS``); ``PGCDC_ORACLE_SEED``, ``PGCDC_ORACLE_TRANSACTIONS``,
+``PGCDC_ORACLE_STREAMED_ROWS`` size the workload; ``PGCDC_ORACLE_REPORT=file`` appends each
+run's full mismatch list to a file.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ HOSTILE = {
     "TimeZone": "America/St_Johns",
     "bytea_output": "escape",
 }
+HOSTILE_MAJOR = 15
 PIPELINE_SLOT = "oracle"
 DECODING_SLOT = "oracle_td"
 SUBSCRIPTION = "oracle_sub"
@@ -104,6 +111,8 @@ def test_lake_equals_the_native_subscriber(
     tmp_path: Path,
     mode: str,
 ) -> None:
+    if mode == "hostile" and db.major != HOSTILE_MAJOR:
+        pytest.skip(f"the hostile-settings run is one run, on PG{HOSTILE_MAJOR} (suite time)")
     binary = mode == "binary"
     tables = oracle_tables()
     with psycopg.connect(subscriber_cluster.conninfo(), autocommit=True) as admin:
