@@ -99,6 +99,20 @@ def _wait_caught_up(
         time.sleep(0.3)
 
 
+def _streamed(publisher: psycopg.Connection[Any], slot: str) -> bool:
+    """Whether the slot's walsender streamed a transaction (over logical_decoding_work_mem);
+    its statistics reach the view when it exits, so wait a little for them."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = publisher.execute(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+        if row is not None and row[0]:
+            return True
+        time.sleep(0.3)
+    return False
+
+
 def _current(data: Any) -> Any:
     return data.filter(pc.equal(data.column("_is_current"), True))
 
@@ -180,6 +194,8 @@ def test_lake_equals_the_native_subscriber(
             pipeline.run(settings, once=True, spark=spark)
 
             report = Report()
+            if not _streamed(pub, PIPELINE_SLOT):
+                report.problem(PIPELINE_SLOT, "no transaction was streamed to the pipeline's slot")
             fix_settings(sub)
             for table in tables:
                 columns = table_columns(sub, table.schema, table.name)
