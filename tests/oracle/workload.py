@@ -269,6 +269,8 @@ class Workload:
 
     def change(self, conn: Conn, session: int) -> None:
         tables = [t for t in self.tables if session == 0 or t.kind != "keys"]
+        if not tables:  # only a "keys" table: the second session has nothing of its own
+            return
         table = self.rng.choice(tables)
         r = self.rng.random()
         if r < 0.45:
