@@ -348,6 +348,8 @@ class Workload:
         a = self.sessions[0]
         names = [t for t in self.tables if t.kind != "keys"]
         chosen = self.rng.sample(names, k=min(2, len(names)))
+        if not chosen:
+            return
         a.execute("BEGIN")
         a.execute("TRUNCATE " + ", ".join(t.qualified for t in chosen))
         for table in chosen:
