@@ -228,10 +228,10 @@ def test_lake_equals_the_native_subscriber(
             out.write((report.text() if report else "no mismatches") + "\n")
     kinds = {t.kind for t in tables}
     cases = [
-        "insert", "update leaving TOAST unchanged", "update of a TOASTed column", "key change",
-        "delete", "savepoint rollback", "aborted transaction", "two-phase commit",
-        "streamed transaction", "interleaved sessions",
+        "insert", "update leaving TOAST unchanged", "key change", "delete", "savepoint rollback",
+        "aborted transaction", "two-phase commit", "streamed transaction", "interleaved sessions",
     ]  # fmt: skip
+    cases += ["update of a TOASTed column"] if kinds & {"wide", "full"} else []
     cases += ["truncate", "add column", "drop column"] if "wide" in kinds else []
     cases += ["duplicate row"] if "full" in kinds else []
     cases += ["near-duplicate key"] if "keys" in kinds else []
