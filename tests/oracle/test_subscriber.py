@@ -86,9 +86,15 @@ def _wait_caught_up(
 
     deadline = time.monotonic() + timeout
     while True:
-        fix_settings(publisher)
-        fix_settings(subscriber)
-        behind = [t.label for t in tables if digest(publisher, t) != digest(subscriber, t)]
+        try:
+            fix_settings(publisher)
+            fix_settings(subscriber)
+            behind = [t.label for t in tables if digest(publisher, t) != digest(subscriber, t)]
+        except psycopg.OperationalError as exc:  # a server went down: say which, and why
+            raise AssertionError(
+                f"lost a connection while waiting for the subscriber ({exc}); the subscriber's "
+                f"log ends with:\n{sub_cluster.server_log()[-3000:]}"
+            ) from None
         if not behind:
             return
         if time.monotonic() > deadline:
