@@ -234,9 +234,10 @@ def test_lake_equals_the_native_subscriber(
             out.write((report.text() if report else "no mismatches") + "\n")
     kinds = {t.kind for t in tables}
     cases = [
-        "insert", "update leaving TOAST unchanged", "key change", "delete", "savepoint rollback",
+        "insert", "update leaving TOAST unchanged", "delete", "savepoint rollback",
         "aborted transaction", "two-phase commit", "streamed transaction", "interleaved sessions",
     ]  # fmt: skip
+    cases += ["key change"] if kinds & {"wide", "keys"} else []
     cases += ["update of a TOASTed column"] if kinds & {"wide", "full"} else []
     cases += ["truncate", "add column", "drop column"] if "wide" in kinds else []
     cases += ["duplicate row"] if "full" in kinds else []
