@@ -23,7 +23,7 @@ from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Truncate, Update
 from pgcdc.lsn import LSN
 from pgcdc.sinks import SinkKind, read_table
 
-from .compare import PgColumn, Report, lake_path, lake_texts, table_columns
+from .compare import PgColumn, Report, lake_path, lake_texts, table_columns, text_maps
 from .specs import KEY_COLUMNS, TableSpec
 
 UNCHANGED = "<unchanged toast>"
@@ -111,7 +111,9 @@ def lake_changes(
         old_valid = old_struct.is_valid().to_pylist()
         fields = {f.name: old_struct.field(f.name) for f in old_struct.type}
         old_table = pa.table(fields) if fields else pa.table({"_": pa.nulls(data.num_rows)})
-        old_rows = lake_texts(conn, columns, old_table, [{} for _ in range(data.num_rows)])
+        # The old row's text-only values (infinity, NaN, 24:00, BC...) are in ``_old_text``,
+        # as the new row's are in ``_text``: read it as ``coalesce(_old_text[col], _old.col)``.
+        old_rows = lake_texts(conn, columns, old_table, text_maps(data, "_old_text"))
     names = [c.name for c in columns]
     ops = data.column("_op").to_pylist()
     unchanged = data.column("_unchanged").to_pylist()
