@@ -167,6 +167,8 @@ def _identity(dspec: c.TableSpec, arrays: dict[str, pa.Array]) -> dict[str, pa.A
     for name in dspec.key_columns:
         new = k.framed(arrays[name], k.text_of(arrays[c.TEXT], name))
         before = k.framed(pc.struct_field(old, name), k.text_of(arrays[c.OLD_TEXT], name))
+        if dspec.old_is_full_row:
+            new, before = k.named(name, new), k.named(name, before)
         rows = parents[pc.equal(listed, name).to_numpy(zero_copy_only=False)]
         if len(rows):
             mask = np.zeros(len(old), dtype=bool)

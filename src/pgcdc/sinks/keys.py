@@ -102,6 +102,17 @@ def framed(array: pa.Array, text: pa.Array | None = None) -> pa.Array:
     return pc.if_else(text.is_valid(), _frame(b"T", text), typed)
 
 
+def named(column: str, framed_values: pa.Array) -> pa.Array:
+    """A REPLICA IDENTITY FULL key's part: the column's name and framed value, and nothing for
+    SQL NULL. A whole-row key then stays what it was when a column is added (null in every row
+    written before) or a column that held null is dropped; self-delimiting, so still exact."""
+    name = column.encode()
+    prefix = b"C" + str(len(name)).encode() + b":" + name
+    tagged = pc.binary_join_element_wise(pa.scalar(prefix, KEY_TYPE), framed_values, b"")
+    is_null = pc.equal(framed_values, pa.scalar(_NULL, KEY_TYPE))
+    return pc.if_else(is_null, pa.scalar(b"", KEY_TYPE), tagged)
+
+
 def text_of(text_map: pa.Array, column: str) -> pa.Array | None:
     """The ``_text`` entries for ``column`` (null where the typed value holds it)."""
     if text_map.null_count == len(text_map):
