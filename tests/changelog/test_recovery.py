@@ -179,6 +179,18 @@ def test_cut_and_garble_the_tail(template, data):
     check_recovery(template, cut, flips)
 
 
+def test_garbled_first_frame_of_the_open_segment_is_refused_by_readers(template):
+    # Found by test_cut_and_garble_the_tail in CI: a flip in the open segment's first frame,
+    # a whole frame after it. The unverified scan found no commit in that segment and the
+    # reader skipped it as empty; the writer refused it.
+    segment = 3
+    start, end = template.starts[segment], template.starts[segment + 1]
+    flip = start + template.headers[segment] + 6
+    cut = start + (end - start) * 2 // 3
+    assert whole_frame_after_damage(template, cut, [flip])
+    check_recovery(template, cut, [flip])
+
+
 def test_torn_tail_is_kept_aside(template, tmp_path):
     cut = template.marks[-1] - 10
     crash_copy(template, cut, [], tmp_path)

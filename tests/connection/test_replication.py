@@ -424,7 +424,8 @@ def test_read_many_hands_out_the_stream_in_batches(db, table):
         idle_until = time.monotonic() + 6.0
         while time.monotonic() < idle_until:
             batch = stream.read_many(timeout=0.5)
-            assert not _lines(batch)
+            # No changes; an empty transaction (autovacuum's ANALYZE of t) may come by.
+            assert not [text for _, text in _lines(batch) if text not in ("BEGIN", "COMMIT")]
             requested += sum(isinstance(m, PrimaryKeepalive) and m.reply_requested for m in batch)
         assert requested >= 2
         stream.stop()

@@ -150,5 +150,7 @@ def test_power_cuts_lose_nothing_confirmed(db: Database, tmp_path: Path) -> None
     ]
     assert not lost, lost[:5]
     print(f"cuts reached {reached} of {len(CUTS)}, torn tails recovered {recovered}")
-    assert reached >= len(CUTS) - 2 and recovered >= 1
+    # Whether a cut leaves unsynced bytes to recover depends on timing, so torn tails are
+    # counted, not required here (tests/changelog/test_recovery.py covers them exactly).
+    assert reached >= len(CUTS) - 2
     assert sum(1 for confirmed, kept in cuts if kept > LSN(0)) >= len(CUTS) // 2

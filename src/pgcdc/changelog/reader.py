@@ -239,6 +239,9 @@ def read_transactions(
     for path in segment_paths(fs, where):
         info = segment_info(path, filesystem=fs)
         if info.first_commit_lsn is None:
+            # Found empty without checksums: verify it, so damage is never read as "empty".
+            with _open(fs, path) as f:
+                _checked_scan(fs, f, path)
             continue
         if from_lsn is not None and info.last_commit_lsn < from_lsn:
             continue

@@ -73,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     session = session_options(conninfo)
     with (
         translated(),
-        connect(
-            conninfo, limit_statements=False, options=session, client_encoding="UTF8"
-        ) as conn,
+        connect(conninfo, limit_statements=False, options=session, client_encoding="UTF8") as conn,
     ):
         slot = sql.get_slot(conn, args.slot)
         if slot is not None and slot.plugin == "pgoutput":
