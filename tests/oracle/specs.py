@@ -17,6 +17,8 @@ USER_TYPES: list[str] = [
     "CREATE DOMAIN money2 AS numeric(10, 2)",
     "CREATE DOMAIN tagtext AS text",
     "CREATE TYPE pair AS (a int4, b text, c float8)",
+    "CREATE TYPE floatrange AS RANGE (subtype = float8)",
+    "CREATE TYPE tagged AS (m mood, p pair, r floatrange, f float4)",
 ]
 
 
@@ -26,9 +28,8 @@ class ColumnSpec:
 
     ``key``: usable in a primary key (has a btree opclass). ``full``: usable in a REPLICA
     IDENTITY FULL table (the subscriber finds the old row with the type's equality operator,
-    so json, point, ... cannot be there). ``binary``: pgcdc decodes it in binary mode (enums,
-    composites, ranges have no binary decoder: docs/types.md). ``min_major``: the oldest
-    server version that knows the values.
+    so json, point, ... cannot be there). ``min_major``: the oldest server version that knows
+    the values.
     """
 
     name: str
@@ -36,7 +37,6 @@ class ColumnSpec:
     values: tuple[str, ...]
     key: bool = True
     full: bool = True
-    binary: bool = True
     min_major: int = 0
 
 
@@ -219,8 +219,8 @@ COLUMNS: list[ColumnSpec] = [
     c("da", "date[]", "'{infinity,2000-01-01,NULL}'", "'{4713-01-01 BC}'", key=False),
     c("tsa", "timestamptz[]", "'{\"2000-01-01 00:00+05\",-infinity}'", key=False),
     c("na", "numeric[]", "'{NaN,1.50,-1e-20}'", key=False),
-    c("en", "mood", "'happy'", "'with space'", "'ünï \"q\"'", binary=False),
-    c("ena", "mood[]", "'{sad,\"with space\"}'", key=False, binary=False),
+    c("en", "mood", "'happy'", "'with space'", "'ünï \"q\"'"),
+    c("ena", "mood[]", "'{sad,\"with space\"}'", key=False),
     c("dom", "posint", "1", "2147483647"),
     c("domn", "money2", "'12345678.90'", "'-0.5'"),
     c("domt", "tagtext", "'tag'", "'ü'"),
@@ -230,13 +230,26 @@ COLUMNS: list[ColumnSpec] = [
         "ROW(1, 'a b', 'NaN')::pair",
         "ROW(NULL, NULL, NULL)::pair",
         "ROW(2, '\"q\",', '-Infinity')::pair",
-        binary=False,
     ),
-    c("r", "int4range", "'[1,5)'", "'empty'", "'(,3]'", binary=False),
-    c("tr", "tstzrange", "'[2020-01-01 00:00+00,infinity)'", "'(,)'", binary=False),
-    c("nr", "numrange", "'[1.5,2.25]'", "'(-1,)'", binary=False),
-    c("mr", "int4multirange", "'{[1,2),[5,7)}'", "'{}'", binary=False),
-    c("pt", "point", "'(1.5,-0)'", "'(NaN,Infinity)'", key=False, full=False, binary=False),
+    c(
+        "tag",
+        "tagged",
+        "ROW('with space', ROW(1, '', 1e300)::pair, '[1.5,2e20)', 1.1)::tagged",
+        "ROW(NULL, NULL, 'empty', '-0')::tagged",
+        key=False,
+    ),
+    c("fr", "floatrange", "'[1.5,2.5)'", "'(-1e300,0.1]'", "'(,Infinity]'"),
+    c("r", "int4range", "'[1,5)'", "'empty'", "'(,3]'"),
+    c("tr", "tstzrange", "'[2020-01-01 00:00+00,infinity)'", "'(,)'"),
+    c("nr", "numrange", "'[1.5,2.25]'", "'(-1,)'"),
+    c("mr", "int4multirange", "'{[1,2),[5,7)}'", "'{}'"),
+    c("pt", "point", "'(1.5,-0)'", "'(NaN,Infinity)'", "'(1e22,1.23e22)'", key=False, full=False),
+    c("ln", "line", "'{1,-1,0}'", "'{0.5,2,-3.25}'", key=False, full=False),
+    c("ls", "lseg", "'[(0,0),(1,1e-5)]'", key=False, full=False),
+    c("bx", "box", "'((3,4),(-1,-2))'", key=False, full=False),
+    c("pa", "path", "'[(0,0),(1,1),(2,0)]'", "'((0,0),(1,1))'", key=False, full=False),
+    c("pg", "polygon", "'((0,0),(1,1),(2,0.5))'", key=False, full=False),
+    c("ci", "circle", "'<(1,2),3.5>'", key=False, full=False),
 ]
 
 
@@ -320,15 +333,15 @@ def active(spec: ColumnSpec) -> ColumnSpec:
     return replace(spec, values=tuple(v for v in spec.values if not any(s in v for s in skipped)))
 
 
-def columns_for(table: TableSpec, major: int, binary: bool) -> list[ColumnSpec]:
-    """The value columns of ``table`` on a server of version ``major`` in that format."""
+def columns_for(table: TableSpec, major: int) -> list[ColumnSpec]:
+    """The value columns of ``table`` on a server of version ``major``."""
     wanted = set(table.columns)
     skipped_columns, _ = _skipped()
     chosen = []
     for spec in map(active, COLUMNS):
         if not spec.values or {spec.name, f"{table.kind}:{spec.name}"} & skipped_columns:
             continue
-        if spec.min_major > major or (binary and not spec.binary):
+        if spec.min_major > major:
             continue
         if wanted and spec.name not in wanted:
             continue

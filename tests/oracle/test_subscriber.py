@@ -140,7 +140,7 @@ def test_lake_equals_the_native_subscriber(
     sub_conninfo = subscriber_cluster.conninfo(db.name)
     with db.connect() as pub, psycopg.connect(sub_conninfo, autocommit=True) as sub:
         for conn in (pub, sub):
-            create_schema(conn, tables, db.major, binary)
+            create_schema(conn, tables, db.major)
         pub.execute("CREATE PUBLICATION pub FOR ALL TABLES")
         settings_sql = {
             "logical_decoding_work_mem": "64kB",
@@ -177,7 +177,6 @@ def test_lake_equals_the_native_subscriber(
                     (a, b),
                     tables,
                     db.major,
-                    binary,
                     on_add_column=add_column,
                     on_drop_column=drop_column,
                 )

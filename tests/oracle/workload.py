@@ -37,13 +37,13 @@ def q(name: str) -> str:
     return quote_ident(name)
 
 
-def create_schema(conn: Conn, tables: list[TableSpec], major: int, binary: bool) -> None:
+def create_schema(conn: Conn, tables: list[TableSpec], major: int) -> None:
     """The user types and tables, identical on publisher and subscriber."""
     for statement in USER_TYPES:
         conn.execute(statement)
     for table in tables:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {q(table.schema)}")
-        specs = columns_for(table, major, binary)
+        specs = columns_for(table, major)
         toasts = toast_for(table)
         parts = ["id int4 NOT NULL" if table.kind != "full" else "id int4"]
         for spec in specs:
@@ -109,7 +109,6 @@ class Workload:
     sessions: tuple[Conn, Conn]
     tables: list[TableSpec]
     major: int
-    binary: bool
     # DDL hooks: the subscriber must add columns before the publisher, drop them after it.
     on_add_column: Callable[[str], None]
     on_drop_column: Callable[[str], None]
@@ -128,7 +127,7 @@ class Workload:
         return "(" + self.rng.choice(spec.values) + ")::" + spec.sql_type
 
     def _specs(self, table: TableSpec) -> list[ColumnSpec]:
-        return columns_for(table, self.major, self.binary)
+        return columns_for(table, self.major)
 
     def _new_id(self, session: int) -> int:
         value = self.next_id[session]

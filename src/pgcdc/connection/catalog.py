@@ -44,7 +44,9 @@ WITH RECURSIVE chain (start, current, current_kind, modifier) AS (
 )
 SELECT t.oid::bigint, n.nspname::text, t.typname::text, t.typtype::text,
        CASE WHEN t.typtype = 'd' THEN base.oid::bigint ELSE 0 END,
-       CASE WHEN base.typlen = -1 AND base.typelem <> 0 THEN base.typelem::bigint ELSE 0 END,
+       CASE WHEN t.typtype = 'r'
+            THEN (SELECT r.rngsubtype::bigint FROM pg_range r WHERE r.rngtypid = t.oid)
+            WHEN base.typlen = -1 AND base.typelem <> 0 THEN base.typelem::bigint ELSE 0 END,
        chain.modifier
 FROM chain
 JOIN pg_type base ON base.oid = chain.current
@@ -59,7 +61,7 @@ def type_info(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, T
 
     ``base_oid`` is the final non-domain base of a domain (a domain over a domain over int4
     gives int4); ``element_oid`` is the element type of an array, or of the array a domain
-    rests on.
+    rests on, or a range type's subtype.
     """
     wanted = sorted({int(oid) for oid in oids})
     if not wanted:
@@ -80,10 +82,18 @@ def type_info(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, T
     }
 
 
+# The types of composite types' live fields.
+_FIELD_TYPES = """
+SELECT DISTINCT a.atttypid::bigint
+FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+WHERE t.oid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
 def type_closure(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, TypeInfo]:
     """``type_info`` of ``oids`` and of every non-built-in type they rest on (a domain's base,
-    an array's element: an array of domains, a domain over an enum), which decoding needs too
-    but pgoutput names no Type message for."""
+    an array's element, a range's subtype, a composite's fields: an array of domains, a domain
+    over an enum), which decoding needs too but pgoutput names no Type message for."""
     found: dict[int, TypeInfo] = {}
     asked: set[int] = {0, *BY_OID}
     wanted = {int(oid) for oid in oids} - asked
@@ -91,7 +101,13 @@ def type_closure(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int
         asked |= wanted
         infos = type_info(conn, wanted)
         found.update(infos)
-        wanted = {r for info in infos.values() for r in (info.base_oid, info.element_oid)} - asked
+        wanted = {r for info in infos.values() for r in (info.base_oid, info.element_oid)}
+        composites = [oid for oid, info in infos.items() if info.kind == "c"]
+        if composites:
+            with translated():
+                rows = conn.execute(_FIELD_TYPES, (composites,)).fetchall()
+            wanted |= {int(row[0]) for row in rows}
+        wanted -= asked
     return found
 
 

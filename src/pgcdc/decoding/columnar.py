@@ -23,6 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.decoding.textforms import GEOMETRIC
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, RawValue, decode_tuple_data
 
@@ -295,6 +296,7 @@ FastResult = tuple[pa.Array, Bools | None] | None
 _IDENTITY_TEXT = frozenset(
     {"text", "varchar", "bpchar", "name", "json", "jsonb", "xml", "enum", "bit", "varbit"}
     | {"composite", "range", "multirange", "unknown"}
+    | GEOMETRIC.keys()
 )
 _CAST_TEXT = frozenset({"int2", "int4", "int8", "oid", "xid", "cid", "float8", "numeric"})
 _TEMPORAL_TEXT = frozenset({"date", "timestamp", "timestamptz"})

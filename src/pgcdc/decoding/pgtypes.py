@@ -708,7 +708,8 @@ class TypeInfo:
     name: str
     # pg_type.typtype: 'b' base, 'e' enum, 'd' domain, 'c' composite, 'r' range, 'm' multirange.
     kind: str = "b"
-    # A domain's base type; for arrays, the element type. 0 when not known.
+    # A domain's base type; for arrays, the element type; for a range, its subtype (and for a
+    # multirange, its range type). 0 when not known.
     base_oid: int = 0
     element_oid: int = 0
     # A domain's type modifier (pg_type.typtypmod, e.g. numeric(10,2)): its columns' own

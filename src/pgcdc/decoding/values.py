@@ -27,6 +27,13 @@ from decimal import Decimal
 from typing import Any, TypeAlias
 
 from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
+from pgcdc.decoding.textforms import (
+    GEOMETRIC,
+    composite_binary,
+    float_text,
+    multirange_binary,
+    range_binary,
+)
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, Column, RawValue, Table, Unchanged
 from pgcdc.lsn import LSN
@@ -956,6 +963,11 @@ class Codec:
 
 
 _VECTOR_TYPES = {22: 21, 30: 26}  # int2vector, oidvector: element oid
+# Built-in ranges' subtypes and multiranges' range types (pg_range).
+_BUILTIN_RANGE_INNER = {
+    3904: 23, 3906: 1700, 3908: 1114, 3910: 1184, 3912: 1082, 3926: 20,
+    4451: 3904, 4532: 3906, 4533: 3908, 4534: 3910, 4535: 3912, 4536: 3926,
+}
 _OPAQUE_NAMES = ("composite", "range", "multirange", "unknown", "enum")
 
 
@@ -987,6 +999,7 @@ class TypeRegistry:
         self._resolved: dict[int, ResolvedType] = {}
         self._known_size = len(self.types)
         self._tables: dict[int, tuple[Table, int, list[Codec]]] = {}
+        self._field_texts: dict[int, Callable[[bytes], str]] = {}
         self._str_binary = _str_binary(encoding)
         self._scalar: dict[str, tuple[TextDecoder, BinaryDecoder]] = self._scalar_codecs()
 
@@ -1033,6 +1046,7 @@ class TypeRegistry:
             "varbit": (_bit_text, _bit_binary),
             "pg_lsn": (_lsn_text, _lsn_binary),
             "enum": text_bin,
+            **{name: (_str_text, decode) for name, decode in GEOMETRIC.items()},
         }
 
     def _refresh(self) -> None:
@@ -1043,6 +1057,7 @@ class TypeRegistry:
             self._codecs.clear()
             self._resolved.clear()
             self._tables.clear()
+            self._field_texts.clear()
 
     def resolve(self, type_oid: int) -> ResolvedType:
         """What ``type_oid`` is, with domains unwrapped and array elements resolved."""
@@ -1066,6 +1081,9 @@ class TypeRegistry:
             name = builtin.name if builtin.name in self._scalar else "unknown"
             if builtin.category == "R":
                 name = "range" if "multi" not in builtin.name else "multirange"
+                inner = _BUILTIN_RANGE_INNER.get(oid)
+                subtype = self._resolve(inner, depth + 1) if inner else None
+                return ResolvedType(oid, name, subtype, display_name=builtin.name)
             return ResolvedType(oid, name, display_name=builtin.name)
         info = self.types.get(oid)
         if info is None:
@@ -1083,6 +1101,10 @@ class TypeRegistry:
         kind = {"e": "enum", "c": "composite", "r": "range", "m": "multirange"}.get(
             info.kind, "unknown"
         )
+        if kind in ("range", "multirange") and info.element_oid:
+            # A range's subtype, a multirange's range type (from pg_range).
+            element = self._resolve(info.element_oid, depth + 1)
+            return ResolvedType(oid, kind, element, display_name=display)
         return ResolvedType(oid, kind, display_name=display)
 
     def codec(self, type_oid: int) -> Codec:
@@ -1120,10 +1142,41 @@ class TypeRegistry:
                 return _parse_binary_array(data, element_for)
 
             return Codec(name, text_decoder, binary_decoder)
+        if resolved.name == "range" and resolved.element is not None:
+            return Codec(name, _str_text, range_binary(self._binary_text(resolved.element)))
+        if resolved.name == "multirange" and resolved.element is not None:
+            inner = self._build(resolved.element)
+            return Codec(name, _str_text, multirange_binary(inner.binary))
+        if resolved.name == "composite":
+            return Codec(name, _str_text, composite_binary(self._field_text))
         pair = self._scalar.get(resolved.name)
         if pair is None:
             return Codec(name, _str_text, _bytes_binary)
         return Codec(name, pair[0], pair[1])
+
+    def _binary_text(self, resolved: ResolvedType) -> Callable[[bytes], str]:
+        """A binary value of ``resolved`` printed as its output function prints it (a range's
+        bounds, a composite's fields)."""
+        if resolved.name == "unknown":
+            label = resolved.display_name or f"type {resolved.oid}"
+
+            def unknown(data: bytes) -> str:
+                raise _fail(f"pgcdc cannot print binary values of {label}")
+
+            return unknown
+        binary = self._build(resolved).binary
+        if resolved.name in ("float4", "float8"):
+            fixed_below = 6 if resolved.name == "float4" else 15
+            return lambda data: float_text(binary(data), fixed_below)
+        return lambda data: pg_text(binary(data))
+
+    def _field_text(self, type_oid: int, data: bytes) -> str:
+        """One composite field (its type OID comes with it) as record_out prints it."""
+        self._refresh()
+        found = self._field_texts.get(type_oid)
+        if found is None:
+            found = self._field_texts[type_oid] = self._binary_text(self.resolve(type_oid))
+        return found(data)
 
     def to_python(self, raw: RawValue, type_oid: int, type_modifier: int = -1) -> Any:
         """One value to Python; None and UNCHANGED_TOAST pass through unchanged."""
