@@ -24,6 +24,7 @@ run's full mismatch list to a file.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -49,7 +50,6 @@ from .compare import (
     subscriber_rows,
     table_columns,
 )
-from .settings import BinarySettings
 from .specs import TableSpec
 from .specs import tables as oracle_tables
 from .workload import Workload, create_schema
@@ -183,19 +183,26 @@ def test_lake_equals_the_native_subscriber(
                 workload.run(TRANSACTIONS, STREAMED_ROWS)
             _wait_caught_up(pub, sub, tables, subscriber_cluster)
 
-            settings_class = BinarySettings if binary else pipeline.Settings
-            settings = settings_class(
-                conninfo=db.conninfo(),
-                slot=PIPELINE_SLOT,
-                publications=("pub",),
-                create_slot=False,
-                snapshot="never",
-                changelog=str(tmp_path / "changelog"),
-                lake=str(tmp_path / "lake"),
-                checkpoint=str(tmp_path / "checkpoint"),
-                master="local[2]",
-                trigger_interval=1.0,
+            # The settings as a user writes them: binary is a [source] key of the TOML file.
+            config = tmp_path / "pipeline.toml"
+            config.write_text(
+                "[source]\n"
+                f"conninfo = {json.dumps(db.conninfo())}\n"
+                f"slot = {json.dumps(PIPELINE_SLOT)}\n"
+                'publications = ["pub"]\n'
+                "create_slot = false\n"
+                'snapshot = "never"\n'
+                f"binary = {'true' if binary else 'false'}\n"
+                "[paths]\n"
+                f"changelog = {json.dumps(str(tmp_path / 'changelog'))}\n"
+                f"lake = {json.dumps(str(tmp_path / 'lake'))}\n"
+                f"checkpoint = {json.dumps(str(tmp_path / 'checkpoint'))}\n"
+                "[spark]\n"
+                'master = "local[2]"\n'
+                "trigger_interval = 1.0\n"
             )
+            settings = pipeline.load(config, {})
+            assert settings.binary == binary
             pipeline.run(settings, once=True, spark=spark)
 
             report = Report()

@@ -86,6 +86,9 @@ class Settings:
     # Debezium's snapshot.mode=initial); "never": only changes from the slot's creation on.
     snapshot: str = "initial"
     snapshot_workers: int = 4
+    # pgoutput's binary format: the walsender sends send-function output (cheaper for numeric,
+    # timestamps, arrays); values land as in text format.
+    binary: bool = False
     changelog: str = "./changelog"
     lake: str = "./lake"
     checkpoint: str = "./checkpoint"
@@ -120,6 +123,7 @@ class Settings:
             slot=self.slot,
             publications=self.publications,
             create_slot=self.create_slot,
+            binary=self.binary,
             end_lsn=end_lsn,
             fsync_interval=1.0,
             status_interval=5.0,
@@ -134,6 +138,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "create_slot": ("source", "create_slot", bool),
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
+    "binary": ("source", "binary", bool),
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
