@@ -52,6 +52,7 @@ CASES: list[tuple[str, list[str]]] = [
     ),
     ("nest", ["ROW(ROW(1, 'x', 0.5, 1, '{}', '', '(,)')::pair, 'sad', '[1.5,2)')"]),
     ("floatrange", ["'[1.5,2.5)'", "'(-1e300,0.1]'", "'[-0,Infinity]'"]),
+    ("floatmultirange", ["'{[1.5,2.5),(3,1e20]}'", "'{}'"]),
 ]
 
 _SCHEMA = (

@@ -46,6 +46,7 @@ SELECT t.oid::bigint, n.nspname::text, t.typname::text, t.typtype::text,
        CASE WHEN t.typtype = 'd' THEN base.oid::bigint ELSE 0 END,
        CASE WHEN t.typtype = 'r'
             THEN (SELECT r.rngsubtype::bigint FROM pg_range r WHERE r.rngtypid = t.oid)
+            {multirange}
             WHEN base.typlen = -1 AND base.typelem <> 0 THEN base.typelem::bigint ELSE 0 END,
        chain.modifier
 FROM chain
@@ -55,19 +56,24 @@ JOIN pg_namespace n ON n.oid = t.typnamespace
 WHERE chain.current_kind <> 'd'
 """
 
+_MULTIRANGE_ELEMENT = """WHEN t.typtype = 'm'
+            THEN (SELECT r.rngtypid::bigint FROM pg_range r WHERE r.rngmultitypid = t.oid)"""
+
 
 def type_info(conn: psycopg.Connection[Any], oids: Iterable[int]) -> dict[int, TypeInfo]:
     """TypeInfo for each OID found in pg_type; OIDs with no type (dropped since) are absent.
 
     ``base_oid`` is the final non-domain base of a domain (a domain over a domain over int4
     gives int4); ``element_oid`` is the element type of an array, or of the array a domain
-    rests on, or a range type's subtype.
+    rests on, or a range type's subtype, or a multirange's range type.
     """
     wanted = sorted({int(oid) for oid in oids})
     if not wanted:
         return {}
+    # A multirange's range type: pg_range.rngmultitypid exists from PostgreSQL 14 on.
+    multirange = _MULTIRANGE_ELEMENT if conn.info.server_version >= 140000 else ""
     with translated():
-        rows = conn.execute(_TYPE_INFO, (wanted,)).fetchall()
+        rows = conn.execute(_TYPE_INFO.format(multirange=multirange), (wanted,)).fetchall()
     return {
         oid: TypeInfo(
             oid=oid,
