@@ -53,7 +53,6 @@ from pgcdc.decoding.pgoutput import (
     PgOutputOptions,
     max_proto_version,
 )
-from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound
 from pgcdc.events import (
     Delete,
@@ -515,6 +514,9 @@ class Receiver:
                 "stream-changes cannot be passed to test_decoding: it prints no row data for "
                 "streamed changes, so they would be lost; use pgoutput to stream"
             )
+        # Imported here: a pgoutput session (the usual one) does not need this parser.
+        from pgcdc.decoding.test_decoding import TestDecodingDecoder
+
         encoding = pg2pyenc(conn.show("server_encoding").encode())
         return plugin_options, TestDecodingDecoder(encoding=encoding)
 
