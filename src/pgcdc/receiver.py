@@ -777,30 +777,30 @@ class Receiver:
             self._drop(txn)
             return
         events = txn.events
-        counter = [0]
-        if isinstance(events, tuple | list):
+        counter: list[int] | None = None  # a spilled transaction's, counted as it streams
+        count = 0
+        if type(events) is tuple or type(events) is list:
             if len(events) <= _FEW_EVENTS:
                 # Small transactions (most of them): a loop costs less than the passes below.
-                count = 0
                 for event in events:
                     kind = type(event)
                     if kind in _CONTENT:
                         count += 1
                     elif kind is RowRun:
                         count += len(event)
-                counter[0] = count
             else:
                 types = list(map(type, events))
-                counter[0] = sum(map(_CONTENT.__contains__, types))
+                count = sum(map(_CONTENT.__contains__, types))
                 if RowRun in types:
-                    counter[0] += sum(len(e) for e in events if type(e) is RowRun)
+                    count += sum(len(e) for e in events if type(e) is RowRun)
         else:
+            counter = [0]
             txn = replace(txn, events=_counted(events, counter))
         if not sink.append(txn):
             self._drop(txn)
             return
         self._transactions += 1
-        self._changes += counter[0]
+        self._changes += count if counter is None else counter[0]
         self._unflushed = True
         if self.options.fsync_interval == 0:
             self._flush()
