@@ -66,7 +66,13 @@ def test_emitted_transactions_equal_their_constructors_output() -> None:
     """The assembler builds what it emits slot by slot, without CommittedTransaction's
     __init__: every field must still be the one the constructor would set, the estimated
     size and the two-phase fields included."""
-    plain = [begin(100, 700), origin(101, "node_b"), ins(102, 1), ins(103, 2), commit(110, 700)]
+    plain: list[Event] = [
+        begin(100, 700),
+        origin(101, "node_b"),
+        ins(102, 1),
+        ins(103, 2),
+        commit(110, 700),
+    ]
     with TransactionAssembler(AssemblyOptions()) as assembler:
         out = [
             t
@@ -85,7 +91,7 @@ def test_emitted_transactions_equal_their_constructors_output() -> None:
             size=100,
         )
     ]
-    held = [begin_prepare(200, 800, "g1"), ins(201, 3), prepare(210, 800, "g1")]
+    held: list[Event] = [begin_prepare(200, 800, "g1"), ins(201, 3), prepare(210, 800, "g1")]
     out = run([*held, commit_prepared(220, 800, "g1")], emit_at_prepare=True)
     prepared, settled = (materialised(t) for t in out)
     assert prepared == CommittedTransaction(
