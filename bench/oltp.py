@@ -23,6 +23,7 @@ session's start is printed separately), and the mirror is checked against the so
 account the workload touched.
 
     python3 bench/oltp.py [--shapes tpcb,tiny,mix] [--transactions 40000] [--repeat 3] [--pipeline]
+        [--before-src OTHER_CHECKOUT/src]
 """
 
 from __future__ import annotations
@@ -131,15 +132,19 @@ def _cpu_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _pgcdc_drain(conninfo: str, slot: str, endpos: LSN, log: Path) -> tuple[float, float]:
-    """Seconds and CPU seconds of the ``pgcdc`` command draining ``slot`` into a change log."""
+def _pgcdc_drain(
+    conninfo: str, slot: str, endpos: LSN, log: Path, source: str | None = None
+) -> tuple[float, float]:
+    """Seconds and CPU seconds of the ``pgcdc`` command draining ``slot`` into a change log;
+    ``source``: run the pgcdc package found in that directory instead of this one."""
+    env = None if source is None else {**os.environ, "PYTHONPATH": source}
     command = [
         sys.executable, "-m", "pgcdc.cli.main", "-d", conninfo, "-S", slot, "--start",
         "--publication", "pub", "--format", "changelog", "--log", str(log),
         "-E", str(endpos), "--no-loop",
     ]  # fmt: skip
     cpu, started = _cpu_children(), time.perf_counter()
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, env=env)
     return time.perf_counter() - started, _cpu_children() - cpu
 
 
@@ -159,9 +164,8 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
     conninfo = cluster.conninfo(dbname)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
-        slots = [
-            f"{shape.name}_{side}{n}" for n in range(args.repeat) for side in ("recv", "pgcdc")
-        ]
+        sides = ("recv", "pgcdc", "before") if args.before_src else ("recv", "pgcdc")
+        slots = [f"{shape.name}_{side}{n}" for n in range(args.repeat) for side in sides]
         if args.pipeline and shape.name == "tpcb":
             slots.append("pipeline")
         for slot in slots:
@@ -172,47 +176,75 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
     _pgbench(cluster, dbname, *pgbench_args, "-c", str(CLIENTS), "-j", "2", "-t", str(per_client))
     with psycopg.connect(conninfo, autocommit=True) as conn:
         endpos = current_lsn(conn)
+        # The command's fixed start-up: a slot whose only content is one logical message.
+        conn.execute(
+            "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (f"{shape.name}_startup",)
+        )
+        conn.execute("SELECT pg_logical_emit_message(false, 'pgcdc-bench', 'start-up')")
+        startup_endpos = current_lsn(conn)
     changes = transactions * shape.changes_per_transaction
     proto = max_proto_version(server)
     options = PgOutputOptions(
         ["pub"], proto_version=proto, messages=True, streaming="on" if proto >= 2 else "off"
     ).for_server(server)
 
-    recv_runs: list[tuple[float, float]] = []
-    pgcdc_runs: list[tuple[float, float]] = []
-    for number in range(args.repeat):
-        cpu = _cpu_children()
-        seconds = pg_recvlogical_drain(
-            cluster, dbname, f"{shape.name}_recv{number}", endpos, options
-        )
-        recv_runs.append((seconds, _cpu_children() - cpu))
-        log = work / f"{shape.name}-log{number}"
-        pgcdc_runs.append(_pgcdc_drain(conninfo, f"{shape.name}_pgcdc{number}", endpos, log))
+    def drain(side: str, number: int, source: str | None) -> tuple[float, float]:
+        log = work / f"{shape.name}-{side}-log{number}"
+        run = _pgcdc_drain(conninfo, f"{shape.name}_{side}{number}", endpos, log, source)
         logged = _logged(log)
         if logged != (transactions, changes):
             raise SystemExit(
                 f"{shape.name}: the change log holds {logged} (transactions, changes), expected "
                 f"{(transactions, changes)}: the rate is void"
             )
+        return run
+
+    recv_runs: list[tuple[float, float]] = []
+    # "pgcdc": this tree; "before": the tree given by --before-src, drained alternately with it.
+    runs: dict[str, list[tuple[float, float]]] = {"pgcdc": []}
+    if args.before_src:
+        runs["before"] = []
+    for number in range(args.repeat):
+        cpu = _cpu_children()
+        seconds = pg_recvlogical_drain(
+            cluster, dbname, f"{shape.name}_recv{number}", endpos, options
+        )
+        recv_runs.append((seconds, _cpu_children() - cpu))
+        runs["pgcdc"].append(drain("pgcdc", number, None))
+        if args.before_src:
+            runs["before"].append(drain("before", number, args.before_src))
+    _, startup_cpu = _pgcdc_drain(
+        conninfo, f"{shape.name}_startup", startup_endpos, work / f"{shape.name}-startup-log"
+    )
 
     print(f"\n== {shape.name}: {transactions:,} transactions, {changes:,} changes "
           f"(PostgreSQL {server // 10000}, pgoutput proto {proto}, {CLIENTS} clients)")  # fmt: skip
-    print("   rates run by run (pg_recvlogical / pgcdc, changes/s): " + ", ".join(
-        f"{changes / r / 1e3:.0f}k / {changes / p / 1e3:.0f}k"
-        for (r, _), (p, _) in zip(recv_runs, pgcdc_runs, strict=True)
+    print(f"   rates run by run ({' / '.join(['pg_recvlogical', *runs])}, changes/s): " + ", ".join(
+        " / ".join(f"{changes / r[number][0] / 1e3:.0f}k" for r in (recv_runs, *runs.values()))
+        for number in range(args.repeat)
     ))  # fmt: skip
     recv_best = min(s for s, _ in recv_runs)
-    pgcdc_best = min(s for s, _ in pgcdc_runs)
     print_figure("pg_recvlogical -> /dev/null (best)", changes / recv_best, "changes/s")
-    print_figure("pgcdc -> change log (best)", changes / pgcdc_best, "changes/s",
-                 changes / recv_best)  # fmt: skip
     print_figure("pg_recvlogical transactions/s", transactions / recv_best, "txn/s")
-    print_figure("pgcdc transactions/s", transactions / pgcdc_best, "txn/s",
-                 transactions / recv_best)  # fmt: skip
-    for name, runs in (("pg_recvlogical", recv_runs), ("pgcdc", pgcdc_runs)):
-        cpu = min(c for _, c in runs)
-        print_figure(f"{name} CPU per change", cpu / changes * 1e6, "us")
-        print_figure(f"{name} CPU per transaction", cpu / transactions * 1e6, "us")
+    cpu = min(c for _, c in recv_runs)
+    print_figure("pg_recvlogical CPU per change", cpu / changes * 1e6, "us")
+    print_figure("pg_recvlogical CPU per transaction", cpu / transactions * 1e6, "us")
+    for name, side_runs in runs.items():
+        best = min(s for s, _ in side_runs)
+        cpus = sorted(c for _, c in side_runs)
+        print_figure(f"{name} -> change log (best)", changes / best, "changes/s",
+                     changes / recv_best)  # fmt: skip
+        print_figure(f"{name} transactions/s", transactions / best, "txn/s",
+                     transactions / recv_best)  # fmt: skip
+        print_figure(f"{name} CPU per change", cpus[0] / changes * 1e6, "us")
+        print_figure(f"{name} CPU per transaction", cpus[0] / transactions * 1e6, "us")
+        print("   its CPU per transaction run by run: "
+              + ", ".join(f"{c / transactions * 1e6:.1f}" for c in cpus) + " us")  # fmt: skip
+    # What the command costs before its first change (imports, connections, the log opened),
+    # and its CPU per transaction without it: the share a longer drain would spread thinner.
+    print_figure("pgcdc start-up CPU (a drain of one message)", startup_cpu * 1e3, "ms")
+    steady = min(c for _, c in runs["pgcdc"]) - startup_cpu
+    print_figure("pgcdc CPU per transaction after start-up", steady / transactions * 1e6, "us")
     if args.pipeline and shape.name == "tpcb":
         _pipeline(conninfo, work, changes, changes / recv_best)
 
@@ -266,6 +298,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--version", default="18", choices=["15", "18"])
     parser.add_argument("--pipeline", action="store_true", help="also pipeline run on tpcb")
+    parser.add_argument(
+        "--before-src",
+        metavar="DIR",
+        help="also drain with the pgcdc package in DIR (e.g. a worktree of main's src), "
+        "alternating with this one: before/after figures from the same run",
+    )
     args = parser.parse_args()
     shapes = [SHAPES[name] for name in args.shapes.split(",")]
     cluster = start_cluster(args.version)

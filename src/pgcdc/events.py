@@ -17,12 +17,26 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any, ClassVar, TypeAlias, overload
 
 from pgcdc.errors import DecodeError, InvalidRowValue
 from pgcdc.lsn import LSN
+
+
+def field_setters(cls: type) -> tuple[Any, ...]:
+    """The slot setters of a frozen, slotted dataclass, in field order.
+
+    The generated ``__init__`` of a frozen dataclass sets each field through
+    ``object.__setattr__``, which costs more than reading the whole row; hot paths build
+    events and transactions with these setters on ``object.__new__(cls)`` instead. Only for
+    classes without ``__post_init__``, so the constructor does nothing else that would be
+    skipped; the hot paths set every field.
+    """
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} validates in __post_init__: build it with its constructor")
+    return tuple(cls.__dict__[field.name].__set__ for field in fields(cls))
 
 
 class Unchanged(enum.Enum):

@@ -53,7 +53,6 @@ from pgcdc.decoding.pgoutput import (
     PgOutputOptions,
     max_proto_version,
 )
-from pgcdc.decoding.test_decoding import TestDecodingDecoder
 from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound
 from pgcdc.events import (
     Delete,
@@ -515,6 +514,9 @@ class Receiver:
                 "stream-changes cannot be passed to test_decoding: it prints no row data for "
                 "streamed changes, so they would be lost; use pgoutput to stream"
             )
+        # Imported here: a pgoutput session (the usual one) does not need this parser.
+        from pgcdc.decoding.test_decoding import TestDecodingDecoder
+
         encoding = pg2pyenc(conn.show("server_encoding").encode())
         return plugin_options, TestDecodingDecoder(encoding=encoding)
 
@@ -775,30 +777,30 @@ class Receiver:
             self._drop(txn)
             return
         events = txn.events
-        counter = [0]
-        if isinstance(events, tuple | list):
+        counter: list[int] | None = None  # a spilled transaction's, counted as it streams
+        count = 0
+        if type(events) is tuple or type(events) is list:
             if len(events) <= _FEW_EVENTS:
                 # Small transactions (most of them): a loop costs less than the passes below.
-                count = 0
                 for event in events:
                     kind = type(event)
                     if kind in _CONTENT:
                         count += 1
                     elif kind is RowRun:
                         count += len(event)
-                counter[0] = count
             else:
                 types = list(map(type, events))
-                counter[0] = sum(map(_CONTENT.__contains__, types))
+                count = sum(map(_CONTENT.__contains__, types))
                 if RowRun in types:
-                    counter[0] += sum(len(e) for e in events if type(e) is RowRun)
+                    count += sum(len(e) for e in events if type(e) is RowRun)
         else:
+            counter = [0]
             txn = replace(txn, events=_counted(events, counter))
         if not sink.append(txn):
             self._drop(txn)
             return
         self._transactions += 1
-        self._changes += counter[0]
+        self._changes += count if counter is None else counter[0]
         self._unflushed = True
         if self.options.fsync_interval == 0:
             self._flush()

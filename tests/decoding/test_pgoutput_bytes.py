@@ -286,6 +286,18 @@ def test_begin_and_commit() -> None:
     assert event == Commit(AT, LSN(0xAB_0000_0010), LSN(0xAB_0000_0040), T1)
 
 
+def test_commit_time_is_its_own_when_it_differs_from_the_begin() -> None:
+    """The decoder reuses the Begin's converted commit time for the Commit that carries the
+    same timestamp; a Commit with another one (or a Begin before 2000, whose microseconds are
+    negative) still gets its own."""
+    d = decoder()
+    one(d, begin(0x10, T1, 7))
+    assert one(d, commit(0x10, 0x40, T2)) == Commit(AT, LSN(0x10), LSN(0x40), T2)
+    one(d, begin(0x50, T2, 8))
+    assert one(d, commit(0x50, 0x60, T2)) == Commit(AT, LSN(0x50), LSN(0x60), T2)
+    assert one(d, commit(0x70, 0x80, T1)) == Commit(AT, LSN(0x70), LSN(0x80), T1)
+
+
 def test_timestamps_before_2000_and_max_values() -> None:
     d = decoder()
     assert one(d, begin(1, T2, 0xFFFFFFFF)) == Begin(AT, 0xFFFFFFFF, LSN(1), T2)

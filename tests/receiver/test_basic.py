@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
@@ -437,6 +438,7 @@ def test_row_runs_log_exactly_what_single_events_log(
         conn.execute("INSERT INTO items SELECT g, 'm', 1, 'e' FROM generate_series(5001, 5100) g")
         conn.execute("DELETE FROM other")
         end = current_lsn(conn)
+    counted: dict[str, int] = {}
     for slot, writer_type in (("runs", ChangeLogWriter), ("single", _WithoutRuns)):
         options = ReceiverOptions(
             db.conninfo(),
@@ -446,10 +448,14 @@ def test_row_runs_log_exactly_what_single_events_log(
             assembly=replace(assembly, spill_dir=str(tmp_path / f"spill-{slot}")),
         )
         with writer_type(tmp_path / slot) as writer:
-            Receiver(options, writer).run()
+            counted[slot] = Receiver(options, writer).run().changes
     runs, single = log_rows(tmp_path / "runs"), log_rows(tmp_path / "single")
     assert runs.num_rows == single.num_rows > 5000
     assert runs.equals(single)
+    # The progress counts every change logged, those of a spilled transaction too.
+    kinds = runs.column("kind").cast(pa.string()).to_pylist()
+    logged = sum(kind in ("insert", "update", "delete") for kind in kinds)
+    assert counted == {"runs": logged, "single": logged}
 
 
 def test_small_transactions_are_logged_as_postgresql_committed_them(

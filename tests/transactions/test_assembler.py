@@ -7,7 +7,12 @@ import pytest
 from pgcdc.errors import TransactionSequenceError
 from pgcdc.events import Event, Insert, Message, Relation, Type
 from pgcdc.lsn import LSN
-from pgcdc.transactions import AssemblyOptions, TransactionAssembler, TransactionOutcome
+from pgcdc.transactions import (
+    AssemblyOptions,
+    CommittedTransaction,
+    TransactionAssembler,
+    TransactionOutcome,
+)
 
 from .builders import (
     T,
@@ -55,6 +60,60 @@ def test_plain_transactions_come_out_whole_in_order() -> None:
     assert list(out[1].events) == [ins(201, 3)]
     assert [t.outcome for t in out] == [TransactionOutcome.COMMIT] * 2
     assert all(t.gid is None and t.origin is None for t in out)
+
+
+def test_emitted_transactions_equal_their_constructors_output() -> None:
+    """The assembler builds what it emits slot by slot, without CommittedTransaction's
+    __init__: every field must still be the one the constructor would set, the estimated
+    size and the two-phase fields included."""
+    plain: list[Event] = [
+        begin(100, 700),
+        origin(101, "node_b"),
+        ins(102, 1),
+        ins(103, 2),
+        commit(110, 700),
+    ]
+    with TransactionAssembler(AssemblyOptions()) as assembler:
+        out = [
+            t
+            for event, size in zip(plain, (21, 0, 40, 60, 26), strict=True)
+            for t in assembler.feed(event, size)
+        ]
+    assert out == [
+        CommittedTransaction(
+            700,
+            LSN(110),
+            LSN(118),
+            at(110),
+            (ins(102, 1), ins(103, 2)),
+            origin="node_b",
+            origin_lsn=LSN(0x99),
+            size=100,
+        )
+    ]
+    held: list[Event] = [begin_prepare(200, 800, "g1"), ins(201, 3), prepare(210, 800, "g1")]
+    out = run([*held, commit_prepared(220, 800, "g1")], emit_at_prepare=True)
+    prepared, settled = (materialised(t) for t in out)
+    assert prepared == CommittedTransaction(
+        800,
+        LSN(210),
+        LSN(218),
+        at(210),
+        (ins(201, 3),),
+        gid="g1",
+        outcome=TransactionOutcome.PREPARE,
+        size=prepared.size,
+    )
+    assert prepared.size > 0
+    assert settled == CommittedTransaction(
+        800,
+        LSN(220),
+        LSN(228),
+        at(220),
+        (),
+        gid="g1",
+        outcome=TransactionOutcome.COMMIT_PREPARED,
+    )
 
 
 def test_nothing_is_emitted_before_commit() -> None:

@@ -31,7 +31,6 @@ from pgcdc.cli.common import (
     seconds_argument,
     stop_on_signals,
 )
-from pgcdc.cli.outputs import JsonOutput, TextOutput, open_output_file
 from pgcdc.connection.catalog import type_info
 from pgcdc.connection.commands import major_version
 from pgcdc.connection.conninfo import connect
@@ -317,6 +316,10 @@ def _open_sink(
         from pgcdc.changelog import ChangeLog
 
         return ChangeLog(args.log).writer()
+    # Only text and JSON output need these (and the value converters they bring in): the
+    # change log's command starts without them.
+    from pgcdc.cli.outputs import JsonOutput, TextOutput, open_output_file
+
     stream = open_output_file(args.file)
     name = "stdout" if args.file == "-" else repr(args.file)
     fsync = args.fsync_interval > 0

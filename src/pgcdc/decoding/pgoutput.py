@@ -14,7 +14,6 @@ objects instead of building one per change.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import struct
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ from pgcdc.events import (
     Truncate,
     Type,
     Update,
+    field_setters,
 )
 from pgcdc.lsn import LSN
 
@@ -120,20 +120,7 @@ _REPLICA_IDENTITY = {ord(r.value): r for r in ReplicaIdentity}
 _new_object = object.__new__
 
 
-def _field_setters(cls: type) -> tuple[Any, ...]:
-    """The slot setters of a frozen, slotted event class, in field order.
-
-    The generated ``__init__`` of a frozen dataclass sets each field through
-    ``object.__setattr__``, which costs more than reading the whole row; changes are built
-    with these setters instead. Only for classes without ``__post_init__``, so the constructor
-    does nothing else that would be skipped; the hot paths set every field.
-    """
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__} validates in __post_init__: build it with its constructor")
-    return tuple(cls.__dict__[field.name].__set__ for field in dataclasses.fields(cls))
-
-
-_insert_lsn, _insert_table, _insert_new, _insert_xid = _field_setters(Insert)
+_insert_lsn, _insert_table, _insert_new, _insert_xid = field_setters(Insert)
 (
     _update_lsn,
     _update_table,
@@ -141,10 +128,10 @@ _insert_lsn, _insert_table, _insert_new, _insert_xid = _field_setters(Insert)
     _update_old,
     _update_old_is_key,
     _update_xid,
-) = _field_setters(Update)
-_delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = _field_setters(Delete)
-_BEGIN_SETTERS = _field_setters(Begin)
-_COMMIT_SETTERS = _field_setters(Commit)
+) = field_setters(Update)
+_delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = field_setters(Delete)
+_BEGIN_SETTERS = field_setters(Begin)
+_COMMIT_SETTERS = field_setters(Commit)
 
 
 def _time(micros: int, epoch: datetime = _PG_EPOCH, delta: type[timedelta] = timedelta) -> datetime:
@@ -318,6 +305,7 @@ class PgOutputDecoder:
     """
 
     __slots__ = (
+        "_begin_time",
         "_dispatch",
         "_relations",
         "_state",
@@ -368,6 +356,9 @@ class PgOutputDecoder:
         self._unchecked_rows = lazy_rows == "unchecked"
         self._state = state if state is not None else DecoderState()
         self._relations = self._state.relations
+        # The last Begin's commit time, raw and as a datetime: its Commit carries the same
+        # timestamp, which is then not converted twice (datetimes are immutable).
+        self._begin_time: tuple[int | None, datetime] = (None, _PG_EPOCH)
         handlers: dict[int, Callable[[bytes, LSN], Event]] = {
             ord("B"): self._begin,
             ord("C"): self._commit,
@@ -529,7 +520,9 @@ class PgOutputDecoder:
         set_lsn(event, lsn)
         set_xid(event, xid)
         set_final(event, _int_new(LSN, final_lsn))
-        set_time(event, _time(commit_time))
+        converted = _time(commit_time)
+        self._begin_time = (commit_time, converted)
+        set_time(event, converted)
         set_csn(event, None)
         set_first(event, None)
         set_user(event, None)
@@ -545,7 +538,8 @@ class PgOutputDecoder:
         set_lsn(event, lsn)
         set_commit(event, _int_new(LSN, commit_lsn))
         set_end(event, _int_new(LSN, end_lsn))
-        set_time(event, _time(commit_time))
+        begin_raw, begin_time = self._begin_time
+        set_time(event, begin_time if commit_time == begin_raw else _time(commit_time))
         set_xid(event, None)
         set_flags(event, flags)
         return event

@@ -66,6 +66,7 @@ from pgcdc.events import (
     Truncate,
     Type,
     Update,
+    field_setters,
 )
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions.model import CommittedTransaction, TransactionOutcome
@@ -77,6 +78,10 @@ _CONTENT_TYPES = (Insert, Update, Delete, Truncate, Message)
 _ROW_TYPES = frozenset((Insert, Update, Delete))
 _CATALOG_TYPES = (Relation, Type)
 _NOTHING: tuple[CommittedTransaction, ...] = ()
+# Every emitted transaction is built with these (see pgcdc.events.field_setters): the frozen
+# dataclass's own __init__ would cost more than the rest of a one-change transaction's emit.
+_COMMITTED_SETTERS = field_setters(CommittedTransaction)
+_new_object = object.__new__
 
 
 def _is_catalog(event: Event) -> bool:
@@ -785,17 +790,21 @@ class TransactionAssembler:
         size = txn.size
         self._drop(txn)
         self._emitted_since_idle = True
-        return (
-            CommittedTransaction(
-                xid if options.include_xids else None,
-                commit_lsn,
-                end_lsn,
-                commit_time if options.include_timestamp else None,
-                events,
-                origin=txn.origin,
-                origin_lsn=txn.origin_lsn,
-                gid=gid,
-                outcome=outcome,
-                size=size,
-            ),
+        # CommittedTransaction(xid, commit_lsn, end_lsn, commit_time, events, origin=...,
+        # origin_lsn=..., gid=..., outcome=..., size=...), without its __init__.
+        committed = _new_object(CommittedTransaction)
+        set_xid, set_commit, set_end, set_time, set_events, set_origin, set_origin_lsn = (
+            _COMMITTED_SETTERS[:7]
         )
+        set_gid, set_outcome, set_size = _COMMITTED_SETTERS[7:]
+        set_xid(committed, xid if options.include_xids else None)
+        set_commit(committed, commit_lsn)
+        set_end(committed, end_lsn)
+        set_time(committed, commit_time if options.include_timestamp else None)
+        set_events(committed, events)
+        set_origin(committed, txn.origin)
+        set_origin_lsn(committed, txn.origin_lsn)
+        set_gid(committed, gid)
+        set_outcome(committed, outcome)
+        set_size(committed, size)
+        return (committed,)
