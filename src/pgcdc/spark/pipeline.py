@@ -30,6 +30,7 @@ from pgcdc.errors import InvalidOption, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.spark.local_python import worker_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
+from pgcdc.storage import StorageOptions
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class PipelineConfig:
     trigger_interval: float = 5.0
     max_changes_per_batch: int | None = None
     max_bytes_per_batch: int | None = None
-    storage_options: dict[str, str] | None = None
+    # How to reach object storage: the Delta sinks and the source's executors get the same.
+    storage: StorageOptions = field(default_factory=StorageOptions)
     query_name: str = "pgcdc"
 
     @property
@@ -155,7 +157,7 @@ def make_sink(config: PipelineConfig) -> DeltaSink:
         app_id=config.app_id,
         kinds=config.kinds,
         table_kinds=config.table_kinds,
-        storage_options=config.storage_options,
+        storage_options=config.storage.delta(),
     )
 
 
@@ -195,6 +197,7 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
         .option("path", config.changelog)
         .option("format", "chunks")
         .option("consumer", config.consumer)
+        .options(**config.storage.spark_options())
     )
     if config.max_changes_per_batch is not None:
         reader = reader.option("maxChangesPerBatch", str(config.max_changes_per_batch))
