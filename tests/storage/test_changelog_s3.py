@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.lease import LEASE_NAME
 from pgcdc.errors import ChangeLogLocked, InvalidOption
+from pgcdc.pipeline import load
 from pgcdc.storage import StorageOptions
 from tests.changelog.helpers import number_of, transactions
 
@@ -18,7 +20,7 @@ from .conftest import Bucket
 
 
 def test_unknown_and_inconsistent_storage_options_are_refused_without_their_secrets() -> None:
-    with pytest.raises(InvalidOption, match="'aws_endpont'.*did you mean 'aws_endpoint'"):
+    with pytest.raises(InvalidOption, match=r"'aws_endpont'.*did you mean 'aws_endpoint'"):
         StorageOptions.parse({"aws_endpont": "https://s3.example.com"})
     with pytest.raises(InvalidOption, match="aws_allow_http = true"):
         StorageOptions.parse({"endpoint": "http://127.0.0.1:9000"})
@@ -90,3 +92,27 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_writes_nothing(
     assert [number_of(t.commit_lsn) for t in log.read_transactions()] == [1]
     segments = [key for key in bucket.objects() if key.endswith(".pgcdcseg")]
     assert len(segments) == 1
+
+
+def test_storage_options_in_the_pipeline_config_are_checked(tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        '[source]\nconninfo = "host=h"\n[paths]\nchangelog = "s3://b/log"\n'
+        'storage_options = { aws_regoin = "x", aws_secret_access_key = "CanarySecret" }\n'
+    )
+    with pytest.raises(
+        InvalidOption,
+        match=r"storage_options: unknown key 'aws_regoin'.*"
+        r"did you mean 'aws_region'",
+    ) as refused:
+        load(config, {})
+    assert "CanarySecret" not in str(refused.value)
+    config.write_text(
+        '[source]\nconninfo = "host=h"\n[paths]\nchangelog = "s3://b/log"\n'
+        '[paths.storage_options]\nAWS_REGION = "eu-west-1"\naws_access_key_id = "id"\n'
+        'aws_secret_access_key = "CanarySecret"\n'
+    )
+    settings = load(config, {})
+    assert settings.storage.values["aws_region"] == "eu-west-1"
+    assert settings.pipeline().storage == settings.storage
+    assert "CanarySecret" not in repr(settings)

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.decoding.state import table_from_dict
-from pgcdc.errors import InvalidOption, PipelineQueryError, SinkError
+from pgcdc.errors import CheckpointUnavailable, InvalidOption, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.spark.local_python import worker_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
@@ -35,6 +35,8 @@ from pgcdc.storage import StorageOptions
 log = logging.getLogger(__name__)
 
 RUNS_PER_BATCH = 1024
+# What Spark says when its JVM has no Hadoop file system for the checkpoint's scheme.
+_CHECKPOINT_UNREACHABLE = ("CANNOT_LOAD_CHECKPOINT_FILE_MANAGER", "No FileSystem for scheme")
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,14 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
     try:
         return writer.start()
     except Exception as exc:
+        if any(mark in str(exc) for mark in _CHECKPOINT_UNREACHABLE):
+            raise CheckpointUnavailable(
+                f"Spark cannot keep its checkpoint at {config.checkpoint} "
+                f"({_spark_reason(exc)}): keep paths.checkpoint on a filesystem the driver "
+                "owns (a local directory; pyspark ships no hadoop-aws, so s3a:// cannot work "
+                "without extra jars); the change log and the lake may stay on s3:// "
+                "(see docs/deployment.md)"
+            ) from None
         raise PipelineQueryError(
             f"the streaming query could not start: {_spark_reason(exc)} "
             f"(checkpoint {config.checkpoint}, change log {config.changelog})"
