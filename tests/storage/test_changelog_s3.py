@@ -116,3 +116,25 @@ def test_storage_options_in_the_pipeline_config_are_checked(tmp_path: Path) -> N
     assert settings.storage.values["aws_region"] == "eu-west-1"
     assert settings.pipeline().storage == settings.storage
     assert "CanarySecret" not in repr(settings)
+
+
+def test_a_waiting_writer_takes_over_from_a_dead_holder_but_not_from_a_live_one(
+    bucket: Bucket,
+) -> None:
+    """What a restarted pipeline does (``lease_wait``): it waits out the lease once; a holder
+    that renewed it meanwhile is alive and is not replaced, one that did not is gone."""
+    uri = bucket.uri("log")
+    log = ChangeLog(uri, storage=bucket.storage())
+    with log.writer(lease_seconds=0.9) as live:
+        with pytest.raises(ChangeLogLocked, match="holds the change log"):
+            log.writer(lease_wait=True)
+        live.append(next(transactions(1, 2)))
+    crashed = log.writer(lease_seconds=5)
+    crashed._lease._stop.set()  # type: ignore[union-attr]  # as if SIGKILLed: no renewal, no release
+    crashed._lease._thread.join()  # type: ignore[union-attr]
+    crashed.append(next(transactions(2, 3)))
+    with log.writer(lease_wait=True) as restarted:
+        assert number_of(restarted.last_commit_lsn) == 1
+    with pytest.raises(ChangeLogLocked, match="no longer holds"):
+        crashed.flush()
+    assert [number_of(t.commit_lsn) for t in log.read_transactions()] == [1]

@@ -81,19 +81,41 @@ class WriterLease:
         self._etag = result["e_tag"]
         self._renewed = now
 
-    def acquire(self) -> None:
-        """Take the lease, or raise ChangeLogLocked naming its live holder."""
+    def _held(self) -> tuple[str, float, str]:
+        """The current lease's ETag, expiry and holder."""
+        held = self._obstore.get(self._store, LEASE_NAME)
+        etag = str(held.meta["e_tag"])  # S3 gives every object one
+        try:
+            holder = json.loads(bytes(held.bytes()))
+            return (
+                etag,
+                float(holder["expires_at"]),
+                f"{holder['host']} pid {holder['pid']}",
+            )
+        except (ValueError, KeyError, TypeError):
+            return etag, 0.0, "an unreadable lease"
+
+    def acquire(self, *, wait: bool = False) -> None:
+        """Take the lease, or raise ChangeLogLocked naming its live holder.
+
+        ``wait``: when the lease is held, wait until its expiry once (at most one lease
+        length); a holder that did not renew it meanwhile is gone (a restart after a crash),
+        and the expired lease is taken over."""
         errors = self._obstore.exceptions
         try:
             self._put("create")
         except errors.AlreadyExistsError:
-            held = self._obstore.get(self._store, LEASE_NAME)
-            etag = held.meta["e_tag"]
-            try:
-                holder = json.loads(bytes(held.bytes()))
-                expires, who = float(holder["expires_at"]), f"{holder['host']} pid {holder['pid']}"
-            except (ValueError, KeyError, TypeError):
-                expires, who = 0.0, "an unreadable lease"
+            etag, expires, who = self._held()
+            if wait and expires > time.time():
+                log.warning(
+                    "change log %s: waiting until %s for the writer lease of %s (renewed if "
+                    "that writer still runs)",
+                    self._uri,
+                    _when(expires),
+                    who,
+                )
+                time.sleep(min(expires - time.time(), self._seconds) + 0.1)
+                etag, expires, who = self._held()  # renewed meanwhile: its writer runs
             if expires > time.time():
                 raise ChangeLogLocked(
                     f"another writer ({who}) holds the change log at {self._uri} until "

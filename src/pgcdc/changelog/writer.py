@@ -101,6 +101,7 @@ class ChangeLogWriter:
         filesystem: pafs.FileSystem | None = None,
         storage: StorageOptions | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        lease_wait: bool = False,
         segment_bytes: int = 256 << 20,
         frame_bytes: int = 4 << 20,
         compression: str | None = "zstd",
@@ -136,7 +137,7 @@ class ChangeLogWriter:
         self._segment_first_lsn: LSN | None = None
         self._closed = False
         if self._lease is not None:
-            self._lease.acquire()
+            self._lease.acquire(wait=lease_wait)
         try:
             self._open()
         except BaseException:

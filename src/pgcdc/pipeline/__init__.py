@@ -346,7 +346,9 @@ def receive(
     snapshot when this is the pipeline's first start. The slot must be the one the log was
     filled from (``claim_slot``). Server faults a new session can get past are retried as
     ``settings.retry`` says; the others end the run with their error."""
-    with ChangeLog(settings.changelog, storage=settings.storage).writer() as writer:
+    # On object storage a crashed predecessor's lease is waited out (up to its length).
+    log_writer = ChangeLog(settings.changelog, storage=settings.storage).writer(lease_wait=True)
+    with log_writer as writer:
         guard = ConfirmGuard(settings.changelog, storage=settings.storage)
 
         def claim() -> None:
