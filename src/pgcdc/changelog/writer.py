@@ -460,6 +460,9 @@ class ChangeLogWriter:
         path = self._segment_path
         target = path if self._puts_whole else f"{path}.{uuid.uuid4().hex}{fmt.TEMP_SUFFIX}"
         self._file.seek(0)
+        # pyarrow's streams have no abort: an error raised mid-copy may let the close complete
+        # a short object. It has no seal, so the next writer refuses it (CorruptChangeLog)
+        # rather than take it for the log's end; nothing in it was confirmed.
         with self._fs.open_output_stream(target) as out:
             shutil.copyfileobj(self._file, out, 8 << 20)
         if target != path:
