@@ -11,7 +11,8 @@ import pytest
 
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.lease import LEASE_NAME
-from pgcdc.errors import ChangeLogLocked, InvalidOption
+from pgcdc.errors import ChangeLogLocked, InvalidOption, StorageError
+from pgcdc.localpg import free_port
 from pgcdc.pipeline import load
 from pgcdc.storage import StorageOptions
 from tests.changelog.helpers import number_of, transactions
@@ -138,3 +139,17 @@ def test_a_waiting_writer_takes_over_from_a_dead_holder_but_not_from_a_live_one(
     with pytest.raises(ChangeLogLocked, match="no longer holds"):
         crashed.flush()
     assert [number_of(t.commit_lsn) for t in log.read_transactions()] == [1]
+
+
+def test_an_unreachable_store_is_a_storage_error_without_the_secret() -> None:
+    options = StorageOptions.parse(
+        {
+            "aws_endpoint_url": f"http://127.0.0.1:{free_port()}",
+            "aws_allow_http": "true",
+            "aws_access_key_id": "id",
+            "aws_secret_access_key": "CanarySecret",
+        }
+    )
+    with pytest.raises(StorageError, match="cannot take the writer lease") as refused:
+        ChangeLog("s3://nowhere/log", storage=options).writer()
+    assert "CanarySecret" not in str(refused.value) and "\n" not in str(refused.value)

@@ -23,10 +23,12 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from pgcdc.errors import ChangeLogLocked, ConfigurationError
+from pgcdc.errors import ChangeLogLocked, ConfigurationError, StorageError
 from pgcdc.storage import StorageOptions
 
 log = logging.getLogger(__name__)
@@ -95,12 +97,34 @@ class WriterLease:
         except (ValueError, KeyError, TypeError):
             return etag, 0.0, "an unreadable lease"
 
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """The store's other errors (unreachable, refused credentials) as a one-line
+        StorageError; obstore's messages name the URL, never a credential."""
+        errors = self._obstore.exceptions
+        try:
+            yield
+        except (errors.AlreadyExistsError, errors.PreconditionError):
+            raise
+        except errors.BaseError as exc:
+            reason = next(iter(str(exc).splitlines()), type(exc).__name__)
+            raise StorageError(
+                f"cannot take the writer lease of the change log at {self._uri}: {reason}; "
+                "check [paths] storage_options (endpoint, region, credentials) or AWS_*"
+            ) from None
+
     def acquire(self, *, wait: bool = False) -> None:
         """Take the lease, or raise ChangeLogLocked naming its live holder.
 
         ``wait``: when the lease is held, wait until its expiry once (at most one lease
         length); a holder that did not renew it meanwhile is gone (a restart after a crash),
         and the expired lease is taken over."""
+        with self._reaching():
+            self._take(wait)
+        self._thread = threading.Thread(target=self._keep, name="pgcdc-lease", daemon=True)
+        self._thread.start()
+
+    def _take(self, wait: bool) -> None:
         errors = self._obstore.exceptions
         try:
             self._put("create")
@@ -131,8 +155,6 @@ class WriterLease:
                     f"{self._uri} just now: only one writer may append to a log"
                 ) from None
             log.warning("change log %s: took over the expired lease of %s", self._uri, who)
-        self._thread = threading.Thread(target=self._keep, name="pgcdc-lease", daemon=True)
-        self._thread.start()
 
     def _keep(self) -> None:
         """Renew every third of the lease; give up once another writer replaced it."""
