@@ -67,7 +67,10 @@ class Bucket:
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on a free loopback port, for the whole session."""
-    from moto.server import ThreadedMotoServer
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        pytest.fail("moto's S3 server is missing: run scripts/setup (pip install 'moto[server]')")
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
