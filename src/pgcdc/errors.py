@@ -311,3 +311,9 @@ def storage_error(error: OSError) -> StorageError:
 class PipelineQueryError(PgcdcError):
     """The pipeline's Spark streaming query could not start, or stopped with an error; the
     message carries Spark's own reason (for a Java error, its first line)."""
+
+
+class CheckpointUnavailable(PipelineQueryError):
+    """Spark cannot keep its checkpoint at the path given: its JVM has no file system for that
+    scheme (pyspark ships no hadoop-aws, so ``s3a://`` fails). Keep the checkpoint on a file
+    system the driver owns."""

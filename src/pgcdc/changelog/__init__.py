@@ -28,20 +28,30 @@ from pgcdc.changelog.reader import (
 )
 from pgcdc.changelog.writer import ChangeLogWriter
 from pgcdc.lsn import LSN
+from pgcdc.storage import StorageOptions
 from pgcdc.transactions import CommittedTransaction
 
 
 class ChangeLog:
-    """A change log at a local path, a URI or a path on a given ``pyarrow.fs.FileSystem``."""
+    """A change log at a local path, a URI (reached with ``storage``'s settings, else the
+    environment's) or a path on a given ``pyarrow.fs.FileSystem``."""
 
     def __init__(
-        self, root: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        filesystem: pafs.FileSystem | None = None,
+        storage: StorageOptions | None = None,
     ) -> None:
-        self.filesystem, self.root = _fmt.resolve(root, filesystem)
+        self.filesystem, self.root = _fmt.resolve(root, filesystem, storage)
         self.consumers = Consumers(self.root, filesystem=self.filesystem)
+        self._uri = os.fspath(root) if filesystem is None else None
+        self.storage = storage
 
     def writer(self, **options: Any) -> ChangeLogWriter:
         """Open the log for appending (recovering a torn tail); see ``ChangeLogWriter``."""
+        if self._uri is not None:  # the writer resolves the URI itself, to lease it
+            return ChangeLogWriter(self._uri, storage=self.storage, **options)
         return ChangeLogWriter(self.root, filesystem=self.filesystem, **options)
 
     def segments(self) -> list[SegmentInfo]:

@@ -36,6 +36,8 @@ import pyarrow.fs as pafs
 from pgcdc.changelog.codec import LogState
 from pgcdc.errors import CorruptChangeLog, UnloggableInput
 from pgcdc.lsn import LSN
+from pgcdc.storage import StorageOptions
+from pgcdc.storage import filesystem as storage_filesystem
 
 SEGMENT_SUFFIX = ".pgcdcseg"
 SEGMENT_NAME = re.compile(r"^([0-9A-F]{16})\.pgcdcseg$")
@@ -72,19 +74,35 @@ def join(root: str, name: str) -> str:
 
 
 def resolve(
-    root: str | os.PathLike[str], filesystem: pafs.FileSystem | None
+    root: str | os.PathLike[str],
+    filesystem: pafs.FileSystem | None,
+    storage: StorageOptions | None = None,
 ) -> tuple[pafs.FileSystem, str]:
-    """A (filesystem, path) pair from a local path, a URI ("s3://bucket/log") or an instance."""
+    """A (filesystem, path) pair from a local path, a URI ("s3://bucket/log", reached with
+    ``storage``'s settings or the environment's) or an instance."""
     text = os.fspath(root)
     if filesystem is not None:
         fs, path = filesystem, text
     elif "://" in text:
-        fs, path = pafs.FileSystem.from_uri(text)
+        fs, path = storage_filesystem(text, storage)
     else:
         fs, path = pafs.LocalFileSystem(), os.path.abspath(text)
     if isinstance(fs, pafs.LocalFileSystem):
         path = os.path.abspath(path)
     return fs, path.rstrip("/") or "/"
+
+
+_PUTS_WHOLE = tuple(
+    kind
+    for kind in (getattr(pafs, "S3FileSystem", None), getattr(pafs, "GcsFileSystem", None))
+    if kind is not None
+)
+
+
+def puts_whole(filesystem: pafs.FileSystem) -> bool:
+    """Object stores whose objects appear only whole, when their upload completes: a segment
+    needs no temporary name there (a move is a copy and a delete on them)."""
+    return isinstance(filesystem, _PUTS_WHOLE)
 
 
 def is_local(filesystem: pafs.FileSystem) -> bool:

@@ -9,11 +9,16 @@ to data that may already be confirmed to the server: opening raises ``CorruptCha
 the file and offset, and cuts nothing.
 
 Other pyarrow filesystems (object stores cannot append, truncate or fsync): each ``flush()``
-(or roll) completes one immutable segment, written to a temporary name and then moved into
-place. The trade-off: every flush makes a new object, so flush in batches (e.g. every few
-seconds), not per transaction; a crash loses only what was not flushed, and leaves at most a
-temporary object, deleted on the next open. There is no writer lock on such filesystems: run
-one writer per log.
+(or roll) completes one immutable segment. On S3 and GCS it is put under its final name: the
+object appears whole when the upload completes (a PUT, or the completion of a multipart
+upload, is atomic and durable when it returns) and not before, and ``flush()`` returns the
+LSN to confirm only after that. Elsewhere it is written to a temporary name and then moved
+into place. The trade-off: every flush makes a new object, so flush in batches (e.g. every
+few seconds), not per transaction; a crash loses only what was not flushed, and leaves at
+most a temporary object (deleted on the next open) or an unfinished multipart upload (which
+the bucket's lifecycle rule should abort). On ``s3://`` only one writer runs at a time: it
+holds a lease (``pgcdc.changelog.lease``); other object stores have no writer lock: run one
+writer per log.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import IO, Any
@@ -31,9 +38,11 @@ import pyarrow.fs as pafs
 
 from pgcdc.changelog import segments as fmt
 from pgcdc.changelog.codec import BatchBuilder, LogState, decode_rows, holds_type_rows
+from pgcdc.changelog.lease import DEFAULT_LEASE_SECONDS, WriterLease
 from pgcdc.errors import ChangeLogLocked, CorruptChangeLog
 from pgcdc.events import Event, Relation, Type
 from pgcdc.lsn import LSN
+from pgcdc.storage import StorageOptions, is_s3
 from pgcdc.transactions import CommittedTransaction
 
 log = logging.getLogger(__name__)
@@ -90,12 +99,22 @@ class ChangeLogWriter:
         root: str | os.PathLike[str],
         *,
         filesystem: pafs.FileSystem | None = None,
+        storage: StorageOptions | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        lease_wait: bool = False,
         segment_bytes: int = 256 << 20,
         frame_bytes: int = 4 << 20,
         compression: str | None = "zstd",
     ) -> None:
-        self._fs, self._root = fmt.resolve(root, filesystem)
+        self._fs, self._root = fmt.resolve(root, filesystem, storage)
         self._local = fmt.is_local(self._fs)
+        self._puts_whole = fmt.puts_whole(self._fs)
+        self._lease: WriterLease | None = None
+        uri = os.fspath(root)
+        if filesystem is None and is_s3(uri):
+            self._lease = WriterLease(uri, storage, seconds=lease_seconds)
+        elif not self._local:
+            log.warning("change log %s: no writer lease on this filesystem, run one writer", uri)
         self._segment_bytes = segment_bytes
         self._frame_bytes = frame_bytes
         self._compression = compression
@@ -110,14 +129,21 @@ class ChangeLogWriter:
         self._group_first: LSN | None = None
         self._lock: IO[bytes] | None = None
         self._mark_fd: int | None = None
-        # The open segment: a local file, or a pyarrow output stream to a temporary path.
+        # The open segment: a local file (on other filesystems, a local temporary file that
+        # is uploaded whole when the segment is finished).
         self._file: Any = None
         self._segment_path: str | None = None
-        self._temp_path: str | None = None
         self._segment_size = 0
         self._segment_first_lsn: LSN | None = None
         self._closed = False
-        self._open()
+        if self._lease is not None:
+            self._lease.acquire(wait=lease_wait)
+        try:
+            self._open()
+        except BaseException:
+            if self._lease is not None:
+                self._lease.release()
+            raise
 
     # --- positions ---------------------------------------------------------------------------
 
@@ -372,9 +398,9 @@ class ChangeLogWriter:
         header = fmt.SegmentHeader(self._written[0], self._written[1], self._next_state)
         name = fmt.segment_name(self._written[0])
         path = fmt.join(self._root, name)
-        temp = f"{path}.{uuid.uuid4().hex}{fmt.TEMP_SUFFIX}"
         data = header.encode()
         if self._local:
+            temp = f"{path}.{uuid.uuid4().hex}{fmt.TEMP_SUFFIX}"
             with open(temp, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -384,9 +410,10 @@ class ChangeLogWriter:
             self._file = open(path, "r+b")  # noqa: SIM115
             self._file.seek(len(data))
         else:
-            self._file = self._fs.open_output_stream(temp)
+            # Not a stream to the store: an unfinished upload would be completed (made visible)
+            # when pyarrow drops it, by a writer that may have lost its lease meanwhile.
+            self._file = tempfile.TemporaryFile()  # noqa: SIM115
             self._file.write(data)
-            self._temp_path = temp
         self._segment_path = path
         self._segment_size = len(data)
         self._segment_first_lsn = None
@@ -418,15 +445,29 @@ class ChangeLogWriter:
             os.fsync(self._file.fileno())
             self._file.close()
         else:
-            self._file.close()
-            assert self._temp_path is not None and self._segment_path is not None
-            self._fs.move(self._temp_path, self._segment_path)
-            self._temp_path = None
+            self._upload()
         self._file = None
         self._segment_path = None
         self._durable = self._written
         self._next_state = self._state.copy()
         self._segment_size = 0
+
+    def _upload(self) -> None:
+        """Put the finished segment on the store; it is visible, whole, once this returns."""
+        assert self._segment_path is not None
+        if self._lease is not None:
+            self._lease.check()  # before the segment can become visible
+        path = self._segment_path
+        target = path if self._puts_whole else f"{path}.{uuid.uuid4().hex}{fmt.TEMP_SUFFIX}"
+        self._file.seek(0)
+        # pyarrow's streams have no abort: an error raised mid-copy may let the close complete
+        # a short object. It has no seal, so the next writer refuses it (CorruptChangeLog)
+        # rather than take it for the log's end; nothing in it was confirmed.
+        with self._fs.open_output_stream(target) as out:
+            shutil.copyfileobj(self._file, out, 8 << 20)
+        if target != path:
+            self._fs.move(target, path)
+        self._file.close()
 
     # --- durability --------------------------------------------------------------------------
 
@@ -465,10 +506,10 @@ class ChangeLogWriter:
             return
         try:
             self.flush()
-            if self._local and self._file is not None:
+        finally:
+            if self._file is not None:  # local: reopened later; else: never uploaded
                 self._file.close()
                 self._file = None
-        finally:
             self._closed = True
             if self._mark_fd is not None:
                 os.close(self._mark_fd)
@@ -476,6 +517,8 @@ class ChangeLogWriter:
             if self._lock is not None:
                 self._lock.close()
                 self._lock = None
+            if self._lease is not None:
+                self._lease.release()
 
     def _check_open(self) -> None:
         if self._closed:

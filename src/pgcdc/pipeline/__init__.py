@@ -16,6 +16,8 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     lake = "./lake"
     checkpoint = "./checkpoint"
     umask = "077"                 # files 0600, directories 0700 (the default)
+    # for s3:// paths (else AWS_* from the environment; see docs/deployment.md)
+    storage_options = { aws_endpoint_url = "https://s3.example.com", aws_region = "eu-west-1" }
 
     [tables]
     kinds = ["changelog", "mirror", "history"]
@@ -60,6 +62,7 @@ from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPol
 from pgcdc.sinks import SinkKind
 from pgcdc.snapshot import SnapshotResult, take_snapshot
 from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, start
+from pgcdc.storage import StorageOptions
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,8 @@ class Settings:
     # The umask the pipeline (and its receiver process, Spark's JVM and Hadoop's file system)
     # creates the change log, consumer state, lake and checkpoint with.
     umask: int = DEFAULT_UMASK
+    # How to reach s3:// paths (the change log, the lake); empty: the environment's AWS_*.
+    storage: StorageOptions = field(default_factory=StorageOptions)
     kinds: tuple[SinkKind, ...] = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
     table_kinds: Mapping[str, tuple[SinkKind, ...]] = field(default_factory=dict)
     master: str = "local[*]"
@@ -115,6 +120,7 @@ class Settings:
             trigger_interval=self.trigger_interval,
             max_changes_per_batch=self.max_changes_per_batch,
             max_bytes_per_batch=self.max_bytes_per_batch,
+            storage=self.storage,
         )
 
     def receiver(self, end_lsn: LSN | None = None) -> ReceiverOptions:
@@ -143,6 +149,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
     "umask": ("paths", "umask", str),
+    "storage": ("paths", "storage_options", dict),
     "master": ("spark", "master", str),
     "trigger_interval": ("spark", "trigger_interval", (int, float)),
     "max_changes_per_batch": ("spark", "max_changes_per_batch", int),
@@ -194,6 +201,10 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
     values["conninfo"] = normalize(values["conninfo"])
     if "umask" in values:
         values["umask"] = parse_umask(values["umask"])
+    if isinstance(values.get("storage"), Mapping):
+        values["storage"] = StorageOptions.parse(
+            values["storage"], f"{path}: [paths] storage_options"
+        )
     settings = Settings(**values)
     _validate(settings)
     return settings
@@ -279,6 +290,8 @@ def _validate(settings: Settings) -> None:
         if value is not None and value <= 0:
             raise InvalidOption(f"{name} = {value!r}: give a positive integer")
     for name in ("changelog", "lake", "checkpoint"):
+        if "://" in getattr(settings, name):
+            continue
         path = Path(getattr(settings, name))
         if path.exists() and not path.is_dir():
             raise InvalidOption(
@@ -338,8 +351,10 @@ def receive(
     snapshot when this is the pipeline's first start. The slot must be the one the log was
     filled from (``claim_slot``). Server faults a new session can get past are retried as
     ``settings.retry`` says; the others end the run with their error."""
-    with ChangeLog(settings.changelog).writer() as writer:
-        guard = ConfirmGuard(settings.changelog)
+    # On object storage a crashed predecessor's lease is waited out (up to its length).
+    log_writer = ChangeLog(settings.changelog, storage=settings.storage).writer(lease_wait=True)
+    with log_writer as writer:
+        guard = ConfirmGuard(settings.changelog, storage=settings.storage)
 
         def claim() -> None:
             # Before every session: a slot replaced while the receiver was away is refused.
@@ -362,7 +377,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     recorded before anything streams. None: no slot to record (the receiver reports it).
     Connection errors are typed, so the receiver's retries ride them out."""
     root = settings.changelog
-    origin = load_origin(root)
+    origin = load_origin(root, settings.storage)
     fresh = origin is None and writer.last_commit_lsn == 0
     with server_errors.translated(), connect(settings.conninfo) as conn:
         database = conn.info.dbname
@@ -392,7 +407,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
-        save_origin(root, origin)
+        save_origin(root, origin, settings.storage)
     return origin
 
 

@@ -27,9 +27,11 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from pgcdc.changelog import ChangeLog
+from pgcdc.changelog.segments import puts_whole
 from pgcdc.connection.sql import SlotInfo
 from pgcdc.errors import ChangeLogError, SlotInvalidated, SlotNotFound, SlotReplaced
 from pgcdc.lsn import LSN
+from pgcdc.storage import StorageOptions
 
 __all__ = ["STATE_NAME", "ConfirmGuard", "SlotOrigin", "load_origin", "save_origin", "verify"]
 
@@ -63,9 +65,9 @@ class SlotOrigin:
         )
 
 
-def load_origin(log_root: str) -> SlotOrigin | None:
+def load_origin(log_root: str, storage: StorageOptions | None = None) -> SlotOrigin | None:
     """The recorded origin of the change log at ``log_root``, or None (none recorded yet)."""
-    changelog = ChangeLog(log_root)
+    changelog = ChangeLog(log_root, storage=storage)
     path = f"{changelog.root}/{STATE_NAME}"
     try:
         with changelog.filesystem.open_input_stream(path) as stream:
@@ -82,9 +84,10 @@ def load_origin(log_root: str) -> SlotOrigin | None:
         ) from None
 
 
-def save_origin(log_root: str, origin: SlotOrigin) -> None:
-    """Replace the record atomically (a new file renamed over the old; synced when local)."""
-    changelog = ChangeLog(log_root)
+def save_origin(log_root: str, origin: SlotOrigin, storage: StorageOptions | None = None) -> None:
+    """Replace the record atomically (a new file renamed over the old and synced when local;
+    one PUT on S3 and GCS)."""
+    changelog = ChangeLog(log_root, storage=storage)
     fs, root = changelog.filesystem, changelog.root
     path, temporary = f"{root}/{STATE_NAME}", f"{root}/{STATE_NAME}.tmp"
     data = origin.to_json().encode()
@@ -100,6 +103,10 @@ def save_origin(log_root: str, origin: SlotOrigin) -> None:
         finally:
             os.close(directory)
         return
+    if puts_whole(fs):
+        with fs.open_output_stream(path) as stream:
+            stream.write(data)
+        return
     with fs.open_output_stream(temporary) as stream:
         stream.write(data)
     fs.move(temporary, path)
@@ -109,15 +116,21 @@ class ConfirmGuard:
     """The receiver's ``on_confirm``: records each position before it is confirmed to the
     slot in ``origin`` (None until the slot is claimed: then nothing streams)."""
 
-    def __init__(self, log_root: str, origin: SlotOrigin | None = None) -> None:
+    def __init__(
+        self,
+        log_root: str,
+        origin: SlotOrigin | None = None,
+        storage: StorageOptions | None = None,
+    ) -> None:
         self._root = log_root
+        self._storage = storage
         self.origin = origin
 
     def __call__(self, lsn: LSN) -> None:
         origin = self.origin
         if origin is not None and lsn > origin.confirmed_bound:
             self.origin = replace(origin, confirmed_bound=LSN(lsn))
-            save_origin(self._root, self.origin)
+            save_origin(self._root, self.origin, self._storage)
 
 
 def _start_over(slot: str) -> str:

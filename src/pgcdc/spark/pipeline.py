@@ -26,14 +26,17 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.decoding.state import table_from_dict
-from pgcdc.errors import InvalidOption, PipelineQueryError, SinkError
+from pgcdc.errors import CheckpointUnavailable, InvalidOption, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.spark.local_python import worker_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
+from pgcdc.storage import StorageOptions
 
 log = logging.getLogger(__name__)
 
 RUNS_PER_BATCH = 1024
+# What Spark says when its JVM has no Hadoop file system for the checkpoint's scheme.
+_CHECKPOINT_UNREACHABLE = ("CANNOT_LOAD_CHECKPOINT_FILE_MANAGER", "No FileSystem for scheme")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class PipelineConfig:
     trigger_interval: float = 5.0
     max_changes_per_batch: int | None = None
     max_bytes_per_batch: int | None = None
-    storage_options: dict[str, str] | None = None
+    # How to reach object storage: the Delta sinks and the source's executors get the same.
+    storage: StorageOptions = field(default_factory=StorageOptions)
     query_name: str = "pgcdc"
 
     @property
@@ -155,7 +159,7 @@ def make_sink(config: PipelineConfig) -> DeltaSink:
         app_id=config.app_id,
         kinds=config.kinds,
         table_kinds=config.table_kinds,
-        storage_options=config.storage_options,
+        storage_options=config.storage.delta(),
     )
 
 
@@ -195,6 +199,7 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
         .option("path", config.changelog)
         .option("format", "chunks")
         .option("consumer", config.consumer)
+        .options(**config.storage.spark_options())
     )
     if config.max_changes_per_batch is not None:
         reader = reader.option("maxChangesPerBatch", str(config.max_changes_per_batch))
@@ -230,6 +235,14 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
     try:
         return writer.start()
     except Exception as exc:
+        if any(mark in str(exc) for mark in _CHECKPOINT_UNREACHABLE):
+            raise CheckpointUnavailable(
+                f"Spark cannot keep its checkpoint at {config.checkpoint} "
+                f"({_spark_reason(exc)}): keep paths.checkpoint on a filesystem the driver "
+                "owns (a local directory; pyspark ships no hadoop-aws, so s3a:// cannot work "
+                "without extra jars); the change log and the lake may stay on s3:// "
+                "(see docs/deployment.md)"
+            ) from None
         raise PipelineQueryError(
             f"the streaming query could not start: {_spark_reason(exc)} "
             f"(checkpoint {config.checkpoint}, change log {config.changelog})"

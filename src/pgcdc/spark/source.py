@@ -19,6 +19,9 @@ Options:
 ``maxBytesPerBatch``      read limit in change bytes (``ReadMaxBytes``); transactions stay whole
 ``rowsPerPartition``      split a segment into tasks of about this many log rows (100000)
 ``decimal``/``temporal``  ``pgcdc.decoding.arrow.ArrowOptions``
+``storage.<key>``         how to reach an ``s3://`` log (``pgcdc.storage.StorageOptions`` keys,
+                          such as ``storage.aws_endpoint_url``); executors get them with their
+                          partitions. Default: the environment's ``AWS_*``
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ from pgcdc.sinks.changes import TableSpec
 from pgcdc.sinks.delta import changelog_schema, prepare
 from pgcdc.sinks.schema import align, delta_schema
 from pgcdc.spark.changes import change_tables
+from pgcdc.storage import StorageOptions
 
 _MAX_LSN = (1 << 64) - 1
 # A segment with more rows (in the batch's range) is read by several tasks in parallel.
@@ -162,6 +166,7 @@ class Settings:
     max_bytes: int | None
     arrow: ArrowOptions
     partition_rows: int = DEFAULT_PARTITION_ROWS
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Settings:
@@ -198,6 +203,7 @@ class Settings:
             max_bytes=_int_option(options, "maxBytesPerBatch"),
             arrow=arrow,
             partition_rows=_int_option(options, "rowsPerPartition") or DEFAULT_PARTITION_ROWS,
+            storage=StorageOptions.from_spark_options(options),
         )
 
 
@@ -221,9 +227,11 @@ class SegmentPartition(InputPartition):
         types: str,
         *,
         rows: tuple[int, int | None] | None = None,
+        storage: StorageOptions | None = None,
     ) -> None:
         super().__init__((path, rows))
         self.root = root
+        self.storage = storage
         self.path = path
         self.low = low
         self.high = high
@@ -252,7 +260,7 @@ def read_ipc(data: bytes | pa.Buffer) -> pa.Table:
 
 
 def _segment_batches(partition: SegmentPartition) -> Iterator[pa.RecordBatch]:
-    fs, _ = fmt.resolve(partition.root, None)
+    fs, _ = fmt.resolve(partition.root, None, partition.storage)
     # From the part's first row (a frame start at or before ``low``): rows below ``low`` still
     # define types (change_tables skips everything else below ``low``).
     return read_segment(partition.path, None, partition.high, filesystem=fs, rows=partition.rows)
@@ -394,7 +402,7 @@ def latest_table(log: ChangeLog, qualified_name: str) -> tuple[Table, dict[int, 
 def typed_schema(settings: Settings) -> pa.Schema:
     """The Arrow schema of ``table=`` reads: the Delta changelog table's layout."""
     assert settings.table is not None
-    found = latest_table(ChangeLog(settings.path), settings.table)
+    found = latest_table(ChangeLog(settings.path, storage=settings.storage), settings.table)
     if found is None:
         raise InvalidOption(
             f"table {settings.table!r} does not appear in the change log at {settings.path}: "
@@ -526,14 +534,14 @@ class _Reader:
     def __init__(self, settings: Settings, schema: pa.Schema | None) -> None:
         self.settings = settings
         self.schema = schema
-        self.log = ChangeLog(settings.path)
+        self.log = ChangeLog(settings.path, storage=settings.storage)
         self.segment_types: dict[str, SegmentTypes] = {}
 
     def plan(self, low: int, high: int) -> list[SegmentPartition]:
         parts: list[SegmentPartition] = []
         if high < low:
             return parts
-        fs, _ = fmt.resolve(self.settings.path, None)
+        fs = self.log.filesystem
         segments = self.log.segments()
         live = {info.path for info in segments}
         for path in [p for p in self.segment_types if p not in live]:
@@ -560,6 +568,7 @@ class _Reader:
                         high,
                         json.dumps([type_to_dict(t) for t in types.values()]),
                         rows=(start, stop),
+                        storage=self.settings.storage,
                     )
                 )
         return parts
