@@ -4,6 +4,7 @@ workload over five tables, and reading the source back for comparison."""
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -65,6 +66,20 @@ def drain(
                 logged.append(txn)
         writer.flush()
     return logged
+
+
+def slot_streamed(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Whether the slot's walsender streamed a transaction (over logical_decoding_work_mem);
+    its statistics reach the view when it exits, so wait a little for them."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+        if row is not None and row[0]:
+            return True
+        time.sleep(0.3)
+    return False
 
 
 def _big(rng: random.Random) -> str:
