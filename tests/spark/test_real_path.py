@@ -7,7 +7,8 @@ unchanged TOAST columns), and the mirror and the history's current rows must equ
 table value for value.
 
 Each example runs two passes of ``run(once=True)`` over one program; a prepared transaction
-may stay open across the passes (the receiver must not confirm past its PREPARE). The source
+followed by a committed one may stay open across the passes (the receiver must not confirm the
+slot past its PREPARE, or the server never sends its changes again). The source
 database has ``logical_decoding_work_mem = 64kB``, so a bulk transaction (about 100 kB) is
 streamed; the test checks the slot did stream one."""
 
