@@ -6,6 +6,7 @@ A missing server is an error, never a skip: the fixture's message says how to in
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -104,13 +105,20 @@ class Database:
         return rows[0][0] if rows else None
 
 
-@pytest.fixture
-def db(cluster: LocalCluster) -> Iterator[Database]:
+@contextlib.contextmanager
+def fresh_database(cluster: LocalCluster) -> Iterator[Database]:
+    """A new database on ``cluster``, dropped afterwards with its slots and prepared
+    transactions (hypothesis tests take one per example; function fixtures last a test)."""
     name = f"t{os.getpid()}_{next(_database_numbers)}"
     with psycopg.connect(cluster.conninfo(), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    database = Database(cluster, name)
-    yield database
+    try:
+        yield Database(cluster, name)
+    finally:
+        _drop_database(cluster, name)
+
+
+def _drop_database(cluster: LocalCluster, name: str) -> None:
     with psycopg.connect(cluster.conninfo(), autocommit=True) as admin:
         admin.execute(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
@@ -128,3 +136,9 @@ def db(cluster: LocalCluster) -> Iterator[Database]:
             (name,),
         )
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db(cluster: LocalCluster) -> Iterator[Database]:
+    with fresh_database(cluster) as database:
+        yield database

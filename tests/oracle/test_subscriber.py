@@ -40,6 +40,7 @@ from pgcdc import pipeline
 from pgcdc.localpg import LocalCluster
 from pgcdc.sinks import SinkKind, read_table
 from tests.conftest import Database
+from tests.spark.helpers import slot_streamed
 
 from .changelog import compare_changelogs
 from .compare import (
@@ -103,20 +104,6 @@ def _wait_caught_up(
                 + sub_cluster.server_log()[-3000:]
             )
         time.sleep(0.3)
-
-
-def _streamed(publisher: psycopg.Connection[Any], slot: str) -> bool:
-    """Whether the slot's walsender streamed a transaction (over logical_decoding_work_mem);
-    its statistics reach the view when it exits, so wait a little for them."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        row = publisher.execute(
-            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (slot,)
-        ).fetchone()
-        if row is not None and row[0]:
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def _current(data: Any) -> Any:
@@ -206,7 +193,7 @@ def test_lake_equals_the_native_subscriber(
             pipeline.run(settings, once=True, spark=spark)
 
             report = Report()
-            if not _streamed(pub, PIPELINE_SLOT):
+            if not slot_streamed(pub, PIPELINE_SLOT):
                 report.problem(PIPELINE_SLOT, "no transaction was streamed to the pipeline's slot")
             fix_settings(sub)
             for table in tables:
