@@ -83,6 +83,17 @@ class SlotReplaced(ConfigurationError):
     refuses; the message says how to start over."""
 
 
+class SlotNotSynced(SlotNotFound):
+    """After a failover the new primary has no copy of the slot (it was not a failover slot,
+    or the standby had not synchronized it): resuming would need a new slot and leave a gap."""
+
+
+class TimelineDiverged(ConfigurationError):
+    """The server is on a timeline that does not continue the change log's: it was promoted
+    from a standby that had not received changes the log holds (or it is not a successor of
+    the server the log was filled from), so the log holds changes the source lost."""
+
+
 class PublicationNotFound(ConfigurationError):
     pass
 
