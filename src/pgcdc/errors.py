@@ -94,6 +94,11 @@ class TimelineDiverged(ConfigurationError):
     the server the log was filled from), so the log holds changes the source lost."""
 
 
+class StandbyNotReady(ConfigurationError):
+    """A physical standby could not take over the pipeline's slot after a failover; the
+    message lists what to set, and where."""
+
+
 class PublicationNotFound(ConfigurationError):
     pass
 
