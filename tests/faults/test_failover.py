@@ -2,12 +2,13 @@
 pg_basebackup (slot synchronization on, the standby's slot in the primary's
 synchronized_standby_slots), ``pipeline run`` with a conninfo naming every host and
 ``target_session_attrs=primary``, a workload that goes on through the failovers. The primary is
-stopped (immediate) and the standby promoted, twice (the second standby is made from the first
-after its promotion). The pipeline creates its slot as a failover slot, finds each new primary
-on its own and resumes from the synchronized copy of its slot: the lake's mirror equals the
-source and the change log holds every change once. Where the slot cannot follow (not a failover
-slot, or a standby behind the log when promoted) the receiver stops with a typed error that
-says why, never a new slot and never a silent gap.
+stopped (immediate) and the standby promoted; then the new primary gets a standby of its own
+and hands over to it in a planned switchover (fast stop, promote). The pipeline creates its
+slot as a failover slot, finds each new primary on its own and resumes from the synchronized
+copy of its slot: the lake's mirror equals the source and the change log holds every change
+once. Where the slot cannot follow (not a failover slot, or a standby behind the log when
+promoted) the receiver stops with a typed error that says why, never a new slot and never a
+silent gap.
 """
 
 from __future__ import annotations
@@ -102,13 +103,15 @@ def _streaming(server: LocalCluster) -> bool:
     return bool(row and row[0])
 
 
-def _fail_over(old: LocalCluster, new: LocalCluster) -> None:
+def _fail_over(old: LocalCluster, new: LocalCluster, stop: str) -> None:
+    """Promote ``new`` once it has a copy of the slot, after stopping ``old``: "immediate"
+    (a crash: an unplanned failover) or "fast" (a planned switchover)."""
     wait_until(lambda: _synced(old, new), timeout=120, interval=0.2)
-    old.stop("immediate")
+    old.stop(stop)
     new.promote()
 
 
-def test_pipeline_run_follows_two_promotions_without_a_gap_or_a_duplicate(
+def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_duplicate(
     primary: LocalCluster,
     standbys: list[LocalCluster],
     tmp_path: Path,
@@ -143,13 +146,13 @@ def test_pipeline_run_follows_two_promotions_without_a_gap_or_a_duplicate(
         wait_until(lambda: _streaming(primary) or failure, timeout=120)  # the slot is there
         with Workload(conninfo) as workload:
             workload.wait_for(30)
-            _fail_over(clusters[0], clusters[1])
+            _fail_over(clusters[0], clusters[1], "immediate")
             workload.wait_for(workload.transactions + 30)
             # The new primary gets a standby of its own, which is promoted in turn.
             standbys.append(_standby(clusters[1], ports[2]))
             clusters.append(standbys[-1])
             workload.wait_for(workload.transactions + 30)
-            _fail_over(clusters[1], clusters[2])
+            _fail_over(clusters[1], clusters[2], "fast")
             workload.wait_for(workload.transactions + 30)
         end = _current_lsn(conninfo)
         wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
