@@ -124,7 +124,7 @@ def check_standby(primary: str, standby: str, *, slot: str | None = None) -> Sta
         fixes.append(
             f"on the primary: make slot {slot!r} a failover slot: while nothing streams from "
             f"it, run ALTER_REPLICATION_SLOT {slot} (FAILOVER true) in a replication "
-            "connection (psql \"dbname=... replication=database\"); pgcdc pipeline creates its "
+            'connection (psql "dbname=... replication=database"); pgcdc pipeline creates its '
             "slot that way unless failover = false"
         )
     if fixes:
