@@ -170,6 +170,11 @@ class ConnectionFailed(PgcdcError):
     """Could not open a connection (unreachable host, TLS verification, refused by server)."""
 
 
+class ServerIsStandby(ConnectionFailed):
+    """The conninfo reached a standby where the primary is needed: a connection failure a
+    retry can get past (the standby may be promoted, or libpq reach the primary next time)."""
+
+
 class AuthenticationFailed(ConnectionFailed):
     """The server rejected the credentials; check the password, .pgpass and pg_hba.conf."""
 

@@ -22,10 +22,11 @@ import psycopg
 import pytest
 
 from pgcdc import pipeline
-from pgcdc.errors import SlotNotSynced, TimelineDiverged
+from pgcdc.errors import ServerIsStandby, SlotNotSynced, TimelineDiverged
 from pgcdc.localpg import LocalCluster, embedded_installation, free_port, wait_until
 from pgcdc.pipeline.origin import load_origin
 from pgcdc.pipeline.process import ReceiverProcess
+from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import read_table
 from tests.conftest import TEST_SETTINGS
 from tests.faults.test_reconnect import (
@@ -228,3 +229,21 @@ def test_a_standby_promoted_behind_the_change_log_is_refused(
     assert str(error).count("\n") == 0
     assert "the standby had not received the changes in between" in str(error)
     assert "synchronized_standby_slots" in str(error)
+
+
+def test_a_standby_reached_instead_of_the_primary_is_a_retried_typed_error(
+    primary: LocalCluster, standbys: list[LocalCluster], tmp_path: Path
+) -> None:
+    """A conninfo that reaches a standby (no target_session_attrs) gets a ConnectionFailed
+    that says how to reach the primary; the receiver retries it (a promotion may follow)."""
+    standbys.append(_standby(primary, free_port()))
+    conninfo = standbys[0].conninfo()
+    retry_once = RetryPolicy(initial=0.1, maximum=0.1, attempts=1)
+    process = ReceiverProcess(_settings(conninfo, tmp_path, retry=retry_once), None)
+    process.start()
+    process.join(120)
+    assert not process.is_alive()
+    error = process.error
+    assert isinstance(error, ServerIsStandby), error
+    assert "target_session_attrs=primary" in str(error)
+    assert "gave up after 1 reconnection attempts" in "\n".join(error.__notes__)

@@ -23,7 +23,7 @@ from pgcdc.connection.conninfo import connect
 from pgcdc.connection.sql import FAILOVER_SLOTS, SlotInfo, get_slot
 from pgcdc.errors import StandbyNotReady
 
-__all__ = ["StandbyReport", "check_standby"]
+__all__ = ["StandbyReport", "check_standby", "in_recovery"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,8 @@ def _settings(conn: psycopg.Connection[Any], *names: str) -> dict[str, str]:
     return dict(rows)
 
 
-def _recovering(conn: psycopg.Connection[Any]) -> bool:
+def in_recovery(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server is a standby (or still recovering)."""
     row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
     return bool(row and row[0])
 
@@ -56,7 +57,7 @@ def check_standby(primary: str, standby: str, *, slot: str | None = None) -> Sta
                 "failover slots need PostgreSQL 17 or later on the primary and its standbys; "
                 "before 17, a promoted standby has no copy of the slot"
             )
-        if not _recovering(conn):
+        if not in_recovery(conn):
             raise StandbyNotReady(
                 "the --standby server is not in recovery: give the conninfo of a physical "
                 "standby of the primary (made with pg_basebackup -R)"
@@ -97,7 +98,7 @@ def check_standby(primary: str, standby: str, *, slot: str | None = None) -> Sta
                 "synchronization connects to a database"
             )
     with server_errors.translated(), connect(primary) as conn:
-        if _recovering(conn):
+        if in_recovery(conn):
             raise StandbyNotReady(
                 "the server the main conninfo reaches is in recovery: give the primary's "
                 "conninfo with -d and the standby's with --standby"

@@ -49,10 +49,12 @@ from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.sql import create_logical_slot, get_slot
+from pgcdc.connection.standby import in_recovery
 from pgcdc.errors import (
     InvalidOption,
     PgcdcError,
     PipelineQueryError,
+    ServerIsStandby,
     SlotNotFound,
     StorageError,
 )
@@ -322,10 +324,24 @@ def missing_slot(settings: Settings) -> SlotNotFound:
     )
 
 
+def refuse_standby(conn: Any) -> None:
+    """The pipeline streams from the primary: a standby reached (libpq takes the first host
+    that answers unless target_session_attrs says otherwise) is a ServerIsStandby, which the
+    receiver retries (a promotion makes it the primary)."""
+    if in_recovery(conn):
+        raise ServerIsStandby(
+            f"the server at {conn.info.host}:{conn.info.port} is a standby (in recovery), and "
+            "the pipeline streams from the primary; name every server in the conninfo with "
+            "target_session_attrs=primary (host=a,b ... target_session_attrs=primary) so that "
+            "libpq picks the primary"
+        )
+
+
 def _start_checks(settings: Settings) -> LSN:
     """Before anything starts: the server answers, the slot is there unless it may be created.
     Returns the server's current WAL position (what ``--once`` drains up to)."""
     with connect(settings.conninfo) as conn:
+        refuse_standby(conn)
         if not settings.create_slot and get_slot(conn, settings.slot) is None:
             raise missing_slot(settings)
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
@@ -377,6 +393,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     writer.flush()  # what the last session appended counts as held (log_end below)
     server = server_timeline(settings.conninfo, origin.timeline if origin else None)
     with server_errors.translated(), connect(settings.conninfo) as conn:
+        refuse_standby(conn)
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
         if not fresh:
