@@ -211,17 +211,21 @@ class LocalCluster:
             base_dir=self.base_dir.parent,
             port=port,
         )
-        standby._prepare_directories()
-        standby._run(
-            self.installation.binary("pg_basebackup"),
-            "-d", self.conninfo(),
-            "-D", str(standby.data_dir),
-            "-R", "-C", "-S", slot,
-            "-X", "stream", "-c", "fast",
-        )  # fmt: skip
-        # postgresql.auto.conf is read last: what ALTER SYSTEM set on this cluster is there.
-        standby._write_settings(standby.data_dir / "postgresql.auto.conf")
-        return standby.start()
+        try:
+            standby._prepare_directories()
+            standby._run(
+                self.installation.binary("pg_basebackup"),
+                "-d", self.conninfo(),
+                "-D", str(standby.data_dir),
+                "-R", "-C", "-S", slot,
+                "-X", "stream", "-c", "fast",
+            )  # fmt: skip
+            # postgresql.auto.conf is read last: what ALTER SYSTEM set here is in it.
+            standby._write_settings(standby.data_dir / "postgresql.auto.conf")
+            return standby.start()
+        except BaseException:
+            standby.destroy()
+            raise
 
     def promote(self) -> None:
         """End recovery on this standby: it becomes a primary on a new timeline."""
