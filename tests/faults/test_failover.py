@@ -2,7 +2,8 @@
 pg_basebackup (slot synchronization on, the standby's slot in the primary's
 synchronized_standby_slots), ``pipeline run`` with a conninfo naming every host and
 ``target_session_attrs=primary``, a workload that goes on through the failovers. The primary is
-stopped (immediate) and the standby promoted; then the new primary gets a standby of its own
+stopped (immediate), with part of an open transaction streamed to pgcdc, and the standby
+promoted; then the new primary gets a standby of its own
 and hands over to it in a planned switchover (fast stop, promote). The pipeline creates its
 slot as a failover slot, finds each new primary on its own and resumes from the synchronized
 copy of its slot: the lake's mirror equals the source and the change log holds every change
@@ -13,6 +14,7 @@ silent gap.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,7 +66,9 @@ def standbys() -> Iterator[list[LocalCluster]]:
 
 @pytest.fixture
 def primary() -> Iterator[LocalCluster]:
-    with LocalCluster(embedded_installation(), settings=TEST_SETTINGS) as cluster:
+    # A transaction of more than 64 kB of changes is streamed before it commits.
+    settings = {**TEST_SETTINGS, "logical_decoding_work_mem": "64kB"}
+    with LocalCluster(embedded_installation(), settings=settings) as cluster:
         with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
             conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
             conn.execute("CREATE PUBLICATION pub FOR TABLE items")
@@ -112,6 +116,30 @@ def _fail_over(old: LocalCluster, new: LocalCluster, stop: str) -> None:
     new.promote()
 
 
+def _streamed_transactions(server: LocalCluster) -> int:
+    with psycopg.connect(server.conninfo(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (SLOT,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def _streamed_open_transaction(primary: LocalCluster) -> Iterator[None]:
+    """A transaction left open on ``primary`` once the walsender has streamed part of it to
+    pgcdc: the server then dies with it, so it never commits (rows with negative ids, which
+    must never reach the change log)."""
+    before = _streamed_transactions(primary)
+    conn = psycopg.connect(primary.conninfo())
+    try:
+        conn.execute("INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, 5000) g")
+        wait_until(lambda: _streamed_transactions(primary) > before, timeout=60)
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+
 def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_duplicate(
     primary: LocalCluster,
     standbys: list[LocalCluster],
@@ -147,7 +175,11 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
         wait_until(lambda: _streaming(primary) or failure, timeout=120)  # the slot is there
         with Workload(conninfo) as workload:
             workload.wait_for(30)
-            _fail_over(clusters[0], clusters[1], "immediate")
+            # The primary dies while pgcdc holds the first part of a streamed transaction
+            # (opened once the standby has the slot: an open transaction holds the slot back).
+            wait_until(lambda: _synced(clusters[0], clusters[1]), timeout=120, interval=0.2)
+            with _streamed_open_transaction(clusters[0]):
+                _fail_over(clusters[0], clusters[1], "immediate")
             workload.wait_for(workload.transactions + 30)
             # The new primary gets a standby of its own, which is promoted in turn.
             standbys.append(_standby(clusters[1], ports[2]))
