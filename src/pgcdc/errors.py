@@ -83,6 +83,22 @@ class SlotReplaced(ConfigurationError):
     refuses; the message says how to start over."""
 
 
+class SlotNotSynced(SlotNotFound):
+    """After a failover the new primary has no copy of the slot (it was not a failover slot,
+    or the standby had not synchronized it): resuming would need a new slot and leave a gap."""
+
+
+class TimelineDiverged(ConfigurationError):
+    """The server is on a timeline that does not continue the change log's: it was promoted
+    from a standby that had not received changes the log holds (or it is not a successor of
+    the server the log was filled from), so the log holds changes the source lost."""
+
+
+class StandbyNotReady(ConfigurationError):
+    """A physical standby could not take over the pipeline's slot after a failover; the
+    message lists what to set, and where."""
+
+
 class PublicationNotFound(ConfigurationError):
     pass
 
@@ -152,6 +168,11 @@ class InvalidArgument(PgcdcError, ValueError):
 
 class ConnectionFailed(PgcdcError):
     """Could not open a connection (unreachable host, TLS verification, refused by server)."""
+
+
+class ServerIsStandby(ConnectionFailed):
+    """The conninfo reached a standby where the primary is needed: a connection failure a
+    retry can get past (the standby may be promoted, or libpq reach the primary next time)."""
 
 
 class AuthenticationFailed(ConnectionFailed):

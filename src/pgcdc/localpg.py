@@ -154,6 +154,7 @@ class LocalCluster:
         *,
         settings: Mapping[str, str] | None = None,
         base_dir: Path | None = None,
+        port: int | None = None,
     ) -> None:
         self.installation = installation
         self.settings = {**LOGICAL_SETTINGS, **(settings or {})}
@@ -163,7 +164,7 @@ class LocalCluster:
         self.data_dir = self.base_dir / "data"
         self.socket_dir = self.base_dir / "socket"
         self.log_path = self.base_dir / "server.log"
-        self.port = free_port()
+        self.port = port or free_port()
         self._started = False
 
     @property
@@ -174,6 +175,7 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         if not self.data_dir.exists():
+            self._prepare_directories()
             self._initdb()
         self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.log_path))
         self._started = True
@@ -189,6 +191,45 @@ class LocalCluster:
 
     def reload(self) -> None:
         self._pg_ctl("reload")
+
+    # --- physical standbys -------------------------------------------------------------------
+
+    def make_standby(
+        self, slot: str, *, settings: Mapping[str, str] | None = None, port: int | None = None
+    ) -> LocalCluster:
+        """A started hot standby of this (running) cluster: a pg_basebackup with ``-R``,
+        streaming through the physical slot ``slot`` (created here), with hot_standby_feedback
+        and, from PostgreSQL 17, sync_replication_slots on, so failover slots reach it. Its own
+        ``synchronized_standby_slots`` is cleared: the copied setting names this cluster's
+        standbys. Set this cluster's ``synchronized_standby_slots`` to ``slot`` yourself."""
+        standby_settings = {"hot_standby": "on", "hot_standby_feedback": "on"}
+        if self.major >= 17:
+            standby_settings |= {"sync_replication_slots": "on", "synchronized_standby_slots": ""}
+        standby = LocalCluster(
+            self.installation,
+            settings={**self.settings, **standby_settings, **(settings or {})},
+            base_dir=self.base_dir.parent,
+            port=port,
+        )
+        try:
+            standby._prepare_directories()
+            standby._run(
+                self.installation.binary("pg_basebackup"),
+                "-d", self.conninfo(),
+                "-D", str(standby.data_dir),
+                "-R", "-C", "-S", slot,
+                "-X", "stream", "-c", "fast",
+            )  # fmt: skip
+            # postgresql.auto.conf is read last: what ALTER SYSTEM set here is in it.
+            standby._write_settings(standby.data_dir / "postgresql.auto.conf")
+            return standby.start()
+        except BaseException:
+            standby.destroy()
+            raise
+
+    def promote(self) -> None:
+        """End recovery on this standby: it becomes a primary on a new timeline."""
+        self._pg_ctl("promote", "-w", "-t", "60")
 
     def destroy(self) -> None:
         with contextlib.suppress(Exception):
@@ -222,13 +263,17 @@ class LocalCluster:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _initdb(self) -> None:
+    def _prepare_directories(self) -> None:
         self.socket_dir.mkdir(parents=True)
+        if self._user is not None:
+            for path in (self.base_dir, self.socket_dir):
+                os.chown(path, self._user.pw_uid, self._user.pw_gid)
+
+    def _initdb(self) -> None:
         password_file = self.base_dir / "pwfile"
         password_file.write_text(SUPERUSER_PASSWORD + "\n")
         if self._user is not None:
-            for path in (self.base_dir, self.socket_dir, password_file):
-                os.chown(path, self._user.pw_uid, self._user.pw_gid)
+            os.chown(password_file, self._user.pw_uid, self._user.pw_gid)
         self._run(
             self.installation.binary("initdb"),
             "-D", str(self.data_dir),
@@ -240,12 +285,16 @@ class LocalCluster:
             "--locale=C",
         )  # fmt: skip
         password_file.unlink()
+        self._write_settings(self.data_dir / "postgresql.conf")
+
+    def _write_settings(self, path: Path) -> None:
+        """Append this cluster's settings (its port and socket too) to a configuration file."""
         settings = {
             **self.settings,
             "port": str(self.port),
             "unix_socket_directories": f"'{self.socket_dir}'",
         }
-        with (self.data_dir / "postgresql.conf").open("a") as conf:
+        with path.open("a") as conf:
             conf.write("\n# pgcdc throwaway cluster\n")
             for name, value in settings.items():
                 conf.write(f"{name} = {_conf_value(value)}\n")

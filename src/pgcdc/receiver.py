@@ -53,7 +53,7 @@ from pgcdc.decoding.pgoutput import (
     PgOutputOptions,
     max_proto_version,
 )
-from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound
+from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound, SlotNotSynced
 from pgcdc.events import (
     Delete,
     Event,
@@ -549,7 +549,11 @@ class Receiver:
             except errors.PgcdcError as error:
                 delay = backoff.failed(error, started, clock())
                 if delay is None or stop.is_set():
-                    if isinstance(error, SlotNotFound) and self._slot_ready:
+                    if (
+                        isinstance(error, SlotNotFound)
+                        and not isinstance(error, SlotNotSynced)  # says what happened itself
+                        and self._slot_ready
+                    ):
                         raise self._slot_lost(error) from error
                     if delay is None and backoff.failures:
                         error.add_note(f"gave up after {backoff.failures} reconnection attempts")

@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 
 from pgcdc.connection.catalog import type_closure, type_event
+from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
 from pgcdc.errors import (
@@ -495,6 +496,7 @@ def take_snapshot(
     workers: int = 4,
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
+    failover: bool = False,
 ) -> SnapshotResult:
     """Create ``slot`` and store every row it will not stream as one transaction in ``sink``.
 
@@ -502,7 +504,8 @@ def take_snapshot(
     committed after the snapshot. The slot must not exist yet: only a new slot exports the
     snapshot that matches its start. On failure the slot is dropped again.
     ``session_settings`` must be the receiver's (``ReceiverOptions.session_settings``), so
-    that values come out as its walsender prints them.
+    that values come out as its walsender prints them. ``failover``: create it as a failover
+    slot where the server supports them (17+), so physical standbys keep a copy.
     """
     if isinstance(publications, str) or isinstance(tables, str):
         raise InvalidOption("tables and publications are sequences of names, not one string")
@@ -513,7 +516,12 @@ def take_snapshot(
     exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
     try:
         try:
-            created = exporter.create_replication_slot(slot, plugin, snapshot="export")
+            created = exporter.create_replication_slot(
+                slot,
+                plugin,
+                snapshot="export",
+                failover=failover and supports_failover(exporter.server_version),
+            )
         except SlotAlreadyExists as error:
             raise SlotAlreadyExists(
                 f"replication slot {slot!r} already exists: an initial snapshot needs a new "

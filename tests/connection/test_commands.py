@@ -22,7 +22,7 @@ from pgcdc.errors import (
     SlotNotFound,
     UnsupportedFeature,
 )
-from pgcdc.localpg import LocalCluster
+from pgcdc.localpg import LocalCluster, wait_until
 from pgcdc.lsn import LSN
 from tests.conftest import TEST_SETTINGS
 
@@ -190,7 +190,14 @@ def _promoted_cluster(installation) -> LocalCluster:
     signal.touch()
     owner = cluster.data_dir.stat()
     os.chown(signal, owner.st_uid, owner.st_gid)
-    cluster.start()
+    cluster.start()  # returns once read-only connections are accepted: recovery may go on
+
+    def promoted() -> bool:
+        with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+            row = conn.execute("SELECT NOT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
+    wait_until(promoted, timeout=60)
     return cluster
 
 
@@ -206,6 +213,7 @@ def test_timeline_history(db):
             parent, switchpoint, *_ = history.content.decode().splitlines()[0].split("\t")
             assert parent == "1"
             assert LSN(switchpoint) > LSN(0)
+            assert history.switchpoints() == {1: LSN(switchpoint)}
             with pytest.raises(ServerError, match="timeline 1 has no history file") as missing:
                 repl.timeline_history(1)
             assert missing.value.sqlstate == "58P01"
@@ -366,3 +374,13 @@ def test_commands_refused_while_streaming(db, repl):
     assert repl.identify_system().dbname == db.name
     with contextlib.suppress(SlotNotFound):
         repl.drop_replication_slot(name)
+
+
+def test_timeline_history_switchpoints() -> None:
+    """Each earlier timeline and where it ended, comments and blank lines skipped; a line
+    of another form is a ProtocolError, never a guess."""
+    content = b"# a comment\n1\t0/30D5E28\tno recovery target specified\n\n2\t1/A0\tbefore x\n"
+    history = commands.TimelineHistory("00000003.history", content)
+    assert history.switchpoints() == {1: LSN.parse("0/30D5E28"), 2: LSN.parse("1/A0")}
+    with pytest.raises(ProtocolError, match=r"00000002\.history"):
+        commands.TimelineHistory("00000002.history", b"1\tnot-an-lsn\tx\n").switchpoints()

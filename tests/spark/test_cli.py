@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pgcdc.cli.main import main
+from pgcdc.connection.sql import get_slot
 from pgcdc.errors import InvalidOption
 from pgcdc.pipeline import load
 from pgcdc.sinks import SinkKind, read_table
@@ -94,6 +95,13 @@ def test_demo_fills_the_lake_with_the_source_tables(db: Database, tmp_path: Path
         assert _mirror_rows(lake, f"pgcdc_demo.{table}", columns) == expected, table
 
 
+def _slot_failover(db: Database, name: str) -> bool | None:
+    with db.connect() as conn:
+        slot = get_slot(conn, name)
+    assert slot is not None
+    return slot.failover
+
+
 def test_first_run_snapshots_existing_rows_then_streams(db: Database, tmp_path: Path) -> None:
     """Rows written before the pipeline ever ran reach the mirror through the initial snapshot,
     later changes through the slot; a second start does not snapshot again."""
@@ -110,6 +118,8 @@ def test_first_run_snapshots_existing_rows_then_streams(db: Database, tmp_path: 
         "--master", "local[2]", "--snapshot-workers", "2", "--once",
     ]  # fmt: skip
     assert main(argv) == 0
+    # A failover slot where the server has them (PostgreSQL 17+: standbys keep a copy).
+    assert _slot_failover(db, "snap") is (True if db.major >= 17 else None)
     columns, expected = _source_rows(db, "public.accounts")
     assert len(expected) == 300
     assert _mirror_rows(lake, "public.accounts", columns) == expected
@@ -134,9 +144,10 @@ def test_snapshot_never_skips_existing_rows(db: Database, tmp_path: Path) -> Non
         "pipeline", "run", "-d", db.conninfo(), "--slot", "nosnap", "--publication", "cdc",
         "--changelog", str(tmp_path / "log"), "--lake", str(lake),
         "--checkpoint", str(tmp_path / "checkpoint"), "--kinds", "mirror",
-        "--master", "local[2]", "--snapshot", "never", "--once",
+        "--master", "local[2]", "--snapshot", "never", "--once", "--no-failover",
     ]  # fmt: skip
     assert main(argv) == 0
+    assert _slot_failover(db, "nosnap") is (False if db.major >= 17 else None)
     db.execute("INSERT INTO notes VALUES (100, 'new')")
     assert main(argv) == 0
     assert _mirror_rows(lake, "public.notes", ["id", "body"]) == [{"id": 100, "body": "new"}]

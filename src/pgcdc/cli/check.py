@@ -7,7 +7,9 @@ from typing import Any
 
 from pgcdc.cli.common import add_connection_arguments, add_help_argument, conninfo_from
 from pgcdc.cli.recvlogical import human_bytes
+from pgcdc.connection.conninfo import normalize
 from pgcdc.connection.preflight import PreflightReport, check
+from pgcdc.connection.standby import StandbyReport, check_standby
 
 
 def register(subparsers: Any) -> None:
@@ -27,16 +29,43 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--create-slot", action="store_true", help="a missing slot is fine: it will be created"
     )
+    parser.add_argument(
+        "--standby", metavar="CONNSTR",
+        help="also check that this physical standby can take over the slot after a failover "
+        "(PostgreSQL 17+: slot sync, hot_standby_feedback, primary_slot_name, and the "
+        "primary's synchronized_standby_slots)",
+    )  # fmt: skip
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    conninfo = conninfo_from(args)
     report = check(
-        conninfo_from(args), slot=args.slot, plugin=args.plugin,
+        conninfo, slot=args.slot, plugin=args.plugin,
         publications=args.publications, create_slot=args.create_slot,
     )  # fmt: skip
-    print(format_report(report), end="")
+    text = format_report(report)
+    if args.standby is not None:
+        standby = check_standby(conninfo, normalize(args.standby), slot=args.slot)
+        text += format_standby(standby, args.slot)
+    print(text, end="")
     return 0
+
+
+def format_standby(report: StandbyReport, slot: str | None) -> str:
+    lines = [
+        f"standby: ready for a failover (slot sync on, hot_standby_feedback on, streams "
+        f"through slot {report.primary_slot_name}, which the primary waits for)"
+    ]
+    if slot:
+        synced = report.synced_slot
+        lines.append(
+            f"standby's copy of {slot}: confirmed at {synced.confirmed_flush_lsn}"
+            if synced is not None
+            else f"standby's copy of {slot}: not synchronized yet (the standby copies it once "
+            "the slot has moved past where the standby began)"
+        )
+    return "".join(line + "\n" for line in lines)
 
 
 def format_report(report: PreflightReport) -> str:

@@ -51,6 +51,11 @@ def register(subparsers: Any) -> None:
         help="fail when the slot does not exist instead of creating it",
     )  # fmt: skip
     run.add_argument(
+        "--no-failover", dest="failover", action="store_const", const=False, default=None,
+        help="create the slot without FAILOVER (by default a new slot is a failover slot on "
+        "PostgreSQL 17+, which standbys with sync_replication_slots keep a copy of)",
+    )  # fmt: skip
+    run.add_argument(
         "--snapshot", choices=("initial", "never"),
         help="initial (default): a new slot starts with a consistent snapshot of the tables; "
         "never: only changes made after the slot was created",
@@ -92,6 +97,7 @@ def handle(args: argparse.Namespace) -> int:
             "slot": args.slot,
             "publications": args.publications,
             "create_slot": args.create_slot,
+            "failover": args.failover,
             "snapshot": args.snapshot,
             "snapshot_workers": args.snapshot_workers,
             "changelog": args.changelog,

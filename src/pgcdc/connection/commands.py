@@ -88,6 +88,24 @@ class TimelineHistory:
     filename: str
     content: bytes
 
+    def switchpoints(self) -> dict[int, LSN]:
+        """Each earlier timeline of this history and the WAL position where it ended (the
+        server's history file: "parent timeline, switch point, reason" per line, # comments).
+        Raises ProtocolError on a line that is not in that form."""
+        ends: dict[int, LSN] = {}
+        for line in self.content.decode("utf-8", "replace").splitlines():
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            try:
+                ends[int(fields[0])] = LSN.parse(fields[1])
+            except (IndexError, ValueError):
+                raise ProtocolError(
+                    f"timeline history {self.filename} has a line that is not "
+                    f"'<timeline> <switch point> <reason>': {line!r}"
+                ) from None
+        return ends
+
 
 @dataclass(frozen=True, slots=True)
 class CreatedSlot:
@@ -139,6 +157,11 @@ def _option_text(value: OptionValue) -> str | None:
 
 
 # --- version checks --------------------------------------------------------------------------
+
+
+def supports_failover(server_version: int) -> bool:
+    """Whether the server can create failover slots (synchronized to physical standbys)."""
+    return major_version(server_version) >= FAILOVER_SLOTS
 
 
 def major_version(server_version: int) -> int:

@@ -74,6 +74,8 @@ class SlotInfo:
     invalidation_reason: str | None
     lag_bytes: int | None
     retained_wal_bytes: int | None
+    # A standby's copy of a failover slot (17+; stays true on a promoted standby); None before.
+    synced: bool | None = None
 
     @property
     def invalidated(self) -> bool:
@@ -168,6 +170,7 @@ def list_slots(conn: psycopg.Connection[Any]) -> list[SlotInfo]:
     version = conn.info.server_version
     two_phase_column = sql.SQL("two_phase" if version >= TWO_PHASE_SLOTS else "NULL::boolean")
     failover_column = sql.SQL("failover" if version >= FAILOVER_SLOTS else "NULL::boolean")
+    synced_column = sql.SQL("synced" if version >= FAILOVER_SLOTS else "NULL::boolean")
     if version >= INVALIDATION_REASON_COLUMN:
         reason_column = sql.SQL("invalidation_reason")
     elif version >= CONFLICTING_COLUMN:
@@ -179,7 +182,7 @@ def list_slots(conn: psycopg.Connection[Any]) -> list[SlotInfo]:
         "active_pid, {two_phase}, {failover}, restart_lsn::text, confirmed_flush_lsn::text, "
         "wal_status, safe_wal_size, {invalidation_reason}, "
         "pg_wal_lsn_diff(current.lsn, confirmed_flush_lsn)::bigint, "
-        "pg_wal_lsn_diff(current.lsn, restart_lsn)::bigint "
+        "pg_wal_lsn_diff(current.lsn, restart_lsn)::bigint, {synced} "
         "FROM pg_replication_slots, (SELECT {current} AS lsn) AS current "
         "ORDER BY slot_name"
     ).format(
@@ -187,6 +190,7 @@ def list_slots(conn: psycopg.Connection[Any]) -> list[SlotInfo]:
         two_phase=two_phase_column,
         failover=failover_column,
         invalidation_reason=reason_column,
+        synced=synced_column,
     )
     with server_errors.translated():
         rows = conn.execute(query).fetchall()
@@ -194,7 +198,7 @@ def list_slots(conn: psycopg.Connection[Any]) -> list[SlotInfo]:
     for row in rows:
         (name, plugin, slot_type, database, temporary, active, active_pid, two_phase, failover,
          restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size, reason, lag,
-         retained) = row  # fmt: skip
+         retained, synced) = row  # fmt: skip
         if reason is None and wal_status == "lost":
             reason = "wal_removed"  # before PostgreSQL 17 only wal_status says so
         slots.append(
@@ -215,6 +219,7 @@ def list_slots(conn: psycopg.Connection[Any]) -> list[SlotInfo]:
                 invalidation_reason=reason,
                 lag_bytes=lag,
                 retained_wal_bytes=retained,
+                synced=synced,
             )
         )
     return slots

@@ -8,6 +8,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     slot = "pgcdc"
     publications = ["pgcdc"]
     create_slot = true
+    failover = true               # a new slot is a failover slot (PostgreSQL 17+)
     snapshot = "initial"          # or "never"
     snapshot_workers = 4
 
@@ -46,17 +47,28 @@ from typing import Any
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection import server_errors
+from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.conninfo import connect, normalize
+from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.sql import create_logical_slot, get_slot
+from pgcdc.connection.standby import in_recovery
 from pgcdc.errors import (
     InvalidOption,
     PgcdcError,
     PipelineQueryError,
+    ServerIsStandby,
     SlotNotFound,
     StorageError,
 )
 from pgcdc.lsn import LSN
-from pgcdc.pipeline.origin import ConfirmGuard, SlotOrigin, load_origin, save_origin, verify
+from pgcdc.pipeline.origin import (
+    ConfirmGuard,
+    ServerTimeline,
+    SlotOrigin,
+    load_origin,
+    save_origin,
+    verify,
+)
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPolicy
 from pgcdc.sinks import SinkKind
@@ -85,6 +97,9 @@ class Settings:
     slot: str = "pgcdc"
     publications: tuple[str, ...] = ("pgcdc",)
     create_slot: bool = True
+    # A slot the pipeline creates is a failover slot where the server supports them (17+):
+    # standbys with sync_replication_slots keep a copy, so the pipeline follows a promotion.
+    failover: bool = True
     # "initial": a new slot starts with a consistent snapshot of the published tables (as
     # Debezium's snapshot.mode=initial); "never": only changes from the slot's creation on.
     snapshot: str = "initial"
@@ -142,6 +157,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "slot": ("source", "slot", str),
     "publications": ("source", "publications", list),
     "create_slot": ("source", "create_slot", bool),
+    "failover": ("source", "failover", bool),
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
     "binary": ("source", "binary", bool),
@@ -320,15 +336,30 @@ def missing_slot(settings: Settings) -> SlotNotFound:
     return SlotNotFound(
         f"replication slot {settings.slot!r} does not exist, and create_slot = false "
         "(--no-create-slot) forbids creating it; create it first (pgcdc --create-slot -S "
-        f"{settings.slot} -P pgoutput -d ...; the pipeline then takes no initial snapshot), "
+        f"{settings.slot} -P pgoutput --enable-failover -d ...; leave out --enable-failover "
+        "before PostgreSQL 17; the pipeline then takes no initial snapshot), "
         "or leave out --no-create-slot to let the pipeline create it with a snapshot"
     )
+
+
+def refuse_standby(conn: Any) -> None:
+    """The pipeline streams from the primary: a standby reached (libpq takes the first host
+    that answers unless target_session_attrs says otherwise) is a ServerIsStandby, which the
+    receiver retries (a promotion makes it the primary)."""
+    if in_recovery(conn):
+        raise ServerIsStandby(
+            f"the server at {conn.info.host}:{conn.info.port} is a standby (in recovery), and "
+            "the pipeline streams from the primary; name every server in the conninfo with "
+            "target_session_attrs=primary (host=a,b ... target_session_attrs=primary) so that "
+            "libpq picks the primary"
+        )
 
 
 def _start_checks(settings: Settings) -> LSN:
     """Before anything starts: the server answers, the slot is there unless it may be created.
     Returns the server's current WAL position (what ``--once`` drains up to)."""
     with connect(settings.conninfo) as conn:
+        refuse_standby(conn)
         if not settings.create_slot and get_slot(conn, settings.slot) is None:
             raise missing_slot(settings)
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
@@ -379,12 +410,20 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     root = settings.changelog
     origin = load_origin(root, settings.storage)
     fresh = origin is None and writer.last_commit_lsn == 0
+    writer.flush()  # what the last session appended counts as held (log_end below)
+    server = server_timeline(settings.conninfo, origin.timeline if origin else None)
     with server_errors.translated(), connect(settings.conninfo) as conn:
+        refuse_standby(conn)
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
         if not fresh:
             origin = verify(
-                origin, slot, name=settings.slot, database=database, log_end=writer.durable_lsn
+                origin,
+                slot,
+                name=settings.slot,
+                database=database,
+                log_end=writer.durable_lsn,
+                server=server,
             )
         elif slot is not None:
             if settings.snapshot == "initial":
@@ -400,15 +439,33 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
         elif not settings.create_slot:
             raise missing_slot(settings)
         elif settings.snapshot != "initial":
-            start = create_logical_slot(conn, settings.slot, "pgoutput")
+            failover = settings.failover and supports_failover(conn.info.server_version)
+            start = create_logical_slot(conn, settings.slot, "pgoutput", failover=failover)
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
         result = initial_snapshot(settings, writer)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
+        if origin.timeline is None:  # a new record: where it started
+            origin = replace(origin, system_id=server.system_id, timeline=server.timeline)
         save_origin(root, origin, settings.storage)
     return origin
+
+
+def server_timeline(conninfo: str, known_timeline: int | None) -> ServerTimeline:
+    """The server's system identifier and timeline (IDENTIFY_SYSTEM), and when it is not on
+    ``known_timeline`` (the change log's), where each earlier timeline ended
+    (TIMELINE_HISTORY): what ``origin.verify`` checks a failover against."""
+    conn = ReplicationConnection.connect(conninfo, application_name="pgcdc")
+    try:
+        identity = conn.identify_system()
+        switchpoints: dict[int, LSN] = {}
+        if known_timeline is not None and identity.timeline not in (known_timeline, 1):
+            switchpoints = conn.timeline_history(identity.timeline).switchpoints()
+    finally:
+        conn.close()
+    return ServerTimeline(identity.system_id, identity.timeline, switchpoints)
 
 
 def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult:
@@ -419,6 +476,7 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
         sink=writer,
         publications=settings.publications,
         workers=settings.snapshot_workers,
+        failover=settings.failover,
     )
     writer.flush()
     log.info(

@@ -14,6 +14,15 @@ confirmed position is its consistent point, the server's WAL position when it wa
 which lies past every confirmation sent to the old slot; so a slot whose confirmed position is
 past ``confirmed_bound`` is not the one the log was filled from, even when WAL back to the
 log's end happens to still be there.
+
+Failover: a physical standby's copy of a failover slot (``sync_replication_slots``) is the same
+slot for the log: it has the same name and database, the standby has the primary's system
+identifier, and its confirmed position never passes what the primary's slot confirmed. The
+record also keeps the system identifier and the timeline (IDENTIFY_SYSTEM). After a promotion
+the server is on a new timeline; its history (TIMELINE_HISTORY) says where the recorded
+timeline ended. A log that holds changes past that point holds changes the promoted standby
+never received, which the source lost: that is refused (``TimelineDiverged``), as is a new
+primary without the slot (``SlotNotSynced``), instead of a new slot with a gap.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -29,11 +39,26 @@ import pyarrow.fs as pafs
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.segments import puts_whole
 from pgcdc.connection.sql import SlotInfo
-from pgcdc.errors import ChangeLogError, SlotInvalidated, SlotNotFound, SlotReplaced
+from pgcdc.errors import (
+    ChangeLogError,
+    SlotInvalidated,
+    SlotNotFound,
+    SlotNotSynced,
+    SlotReplaced,
+    TimelineDiverged,
+)
 from pgcdc.lsn import LSN
 from pgcdc.storage import StorageOptions
 
-__all__ = ["STATE_NAME", "ConfirmGuard", "SlotOrigin", "load_origin", "save_origin", "verify"]
+__all__ = [
+    "STATE_NAME",
+    "ConfirmGuard",
+    "ServerTimeline",
+    "SlotOrigin",
+    "load_origin",
+    "save_origin",
+    "verify",
+]
 
 STATE_NAME = "pgcdc-slot.json"
 log = logging.getLogger(__name__)
@@ -47,22 +72,40 @@ class SlotOrigin:
     database: str
     created_lsn: LSN  # the slot's consistent point, or its position when pgcdc first met it
     confirmed_bound: LSN  # no confirmation pgcdc sent to this slot passes this
+    # IDENTIFY_SYSTEM's, when last checked (None in records written before they were kept).
+    system_id: int | None = None
+    timeline: int | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
         data["created_lsn"] = str(self.created_lsn)
         data["confirmed_bound"] = str(self.confirmed_bound)
+        if self.system_id is not None:  # a JSON number loses the low digits of a uint64
+            data["system_id"] = str(self.system_id)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> SlotOrigin:
         data = json.loads(text)
+        system_id, timeline = data.get("system_id"), data.get("timeline")
         return cls(
             slot=str(data["slot"]),
             database=str(data["database"]),
             created_lsn=LSN.parse(data["created_lsn"]),
             confirmed_bound=LSN.parse(data["confirmed_bound"]),
+            system_id=None if system_id is None else int(system_id),
+            timeline=None if timeline is None else int(timeline),
         )
+
+
+@dataclass(frozen=True)
+class ServerTimeline:
+    """Where the server stands: IDENTIFY_SYSTEM's system identifier and timeline, and from
+    TIMELINE_HISTORY where each earlier timeline of its history ended."""
+
+    system_id: int
+    timeline: int
+    switchpoints: Mapping[int, LSN] = field(default_factory=dict)
 
 
 def load_origin(log_root: str, storage: StorageOptions | None = None) -> SlotOrigin | None:
@@ -149,10 +192,11 @@ def verify(
     name: str,
     database: str,
     log_end: LSN,
+    server: ServerTimeline | None = None,
 ) -> SlotOrigin:
     """Check that ``slot`` can go on filling a change log that holds transactions up to
-    ``log_end`` (``origin``: its record, None for a log filled before records were kept);
-    the origin to keep on recording, or a typed error saying how to start over."""
+    ``log_end`` (``origin``: its record, None for a log filled before records were kept) on
+    ``server``; the origin to keep on recording, or a typed error saying how to start over."""
     if origin is not None and (origin.slot, origin.database) != (name, database):
         raise SlotReplaced(
             f"the change log was filled from slot {origin.slot!r} of database "
@@ -160,17 +204,53 @@ def verify(
             f"at another position, leaving a gap or duplicates; use slot {origin.slot!r} of "
             f"{origin.database!r} with this change log, or {_start_over(name)}"
         )
+    switched_at = _timeline_switch(origin, server, name=name)
     if slot is None:
+        if switched_at is not None:
+            assert origin is not None and server is not None
+            raise SlotNotSynced(
+                f"replication slot {name!r} is not on this server, promoted from a standby "
+                f"(timeline {origin.timeline} ended at {switched_at}; it is now on timeline "
+                f"{server.timeline}): the slot was not a failover slot (failover = false, or "
+                "created before PostgreSQL 17) or the standby had not synchronized it yet "
+                "(sync_replication_slots, see pgcdc check --standby), so the changes since the "
+                f"change log's end ({log_end}) cannot be streamed and a new slot would leave a "
+                f"gap; {_start_over(name)}"
+            )
         raise SlotNotFound(
             f"replication slot {name!r}, which this change log (complete up to {log_end}) was "
             "filled from, no longer exists: a new slot would start after the changes made "
             f"since, a gap nothing could fill, so pgcdc will not create one; {_start_over(name)}"
         )
+    if switched_at is not None and log_end > switched_at:
+        assert origin is not None and server is not None
+        raise TimelineDiverged(
+            f"the change log holds changes up to {log_end}, but timeline {origin.timeline} "
+            f"ended at {switched_at} when this server (now on timeline {server.timeline}) was "
+            "promoted: the standby had not received the changes in between, so the source "
+            "lost them while the change log and the lake keep them. Set "
+            "synchronized_standby_slots on the primary to the standbys' physical slots, so that "
+            f"pgcdc never receives what a standby has not (pgcdc check --standby); now "
+            f"{_start_over(name)}"
+        )
+    if switched_at is not None:
+        assert origin is not None and server is not None
+        log.warning(
+            "timeline switch (a failover): the change log was filled on timeline %s, which "
+            "ended at %s; the server is now on timeline %s; the log ends at %s, before the "
+            "switch, so slot %r resumes there",
+            origin.timeline,
+            switched_at,
+            server.timeline,
+            log_end,
+            name,
+        )
     if slot.invalidated:
         raise SlotInvalidated(
             f"replication slot {name!r} was invalidated ({slot.invalidation_reason}): the server "
-            f"removed WAL it needed (max_slot_wal_keep_size), so the changes after {log_end}, "
-            f"where this change log ends, can no longer be streamed; {_start_over(name)}"
+            f"removed WAL or catalog rows it needed (max_slot_wal_keep_size, or a recovery "
+            f"conflict on a standby), so the changes after {log_end}, where this change log "
+            f"ends, can no longer be streamed; {_start_over(name)}"
         )
     confirmed = slot.confirmed_flush_lsn
     bound = origin.confirmed_bound if origin is not None else log_end
@@ -187,5 +267,36 @@ def verify(
         )
     if origin is None:
         log.info("the change log records slot %r from now on (at %s)", name, confirmed)
-        return SlotOrigin(name, database, confirmed, confirmed)
+        origin = SlotOrigin(name, database, confirmed, confirmed)
+    if server is not None:
+        origin = replace(origin, system_id=server.system_id, timeline=server.timeline)
     return origin
+
+
+def _timeline_switch(
+    origin: SlotOrigin | None, server: ServerTimeline | None, *, name: str
+) -> LSN | None:
+    """Where the recorded timeline ended, when the server has moved on to a later one (None
+    when it has not). Raises when the server is another cluster, or when the recorded timeline
+    is not in its history."""
+    if origin is None or server is None:
+        return None
+    if origin.system_id is not None and origin.system_id != server.system_id:
+        raise SlotReplaced(
+            f"the change log was filled from a server with system identifier {origin.system_id}, "
+            f"but this one is {server.system_id}: another cluster (not a standby made from "
+            "that server) whose slot would start at another position; connect to the server "
+            f"the log was filled from (or one of its standbys), or {_start_over(name)}"
+        )
+    if origin.timeline is None or origin.timeline == server.timeline:
+        return None
+    switched_at = server.switchpoints.get(origin.timeline)
+    if switched_at is None:
+        raise TimelineDiverged(
+            f"the change log was filled on timeline {origin.timeline}, which is not in the "
+            f"history of this server's timeline {server.timeline}: it is not a successor of "
+            "the server the log was filled from (an old primary started again after a "
+            "failover?); connect to the current primary (list every host in the conninfo with "
+            f"target_session_attrs=primary), or {_start_over(name)}"
+        )
+    return switched_at
