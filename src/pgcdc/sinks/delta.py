@@ -44,7 +44,6 @@ before it are idempotent, so a crash between them and the data commit is harmles
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import warnings
@@ -71,6 +70,7 @@ from pgcdc.errors import (
 from pgcdc.events import Column, Table
 from pgcdc.sinks import changes as c
 from pgcdc.sinks import keys as k
+from pgcdc.sinks.kinds import SinkKind
 from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
 from pgcdc.sinks.read import dataset
@@ -95,12 +95,6 @@ VALID_FROM_TIME = "_valid_from_time"
 VALID_TO_TIME = "_valid_to_time"
 IS_CURRENT = "_is_current"
 _ACTION = "__pgcdc_action"
-
-
-class SinkKind(enum.Enum):
-    CHANGELOG = "changelog"
-    MIRROR = "mirror"
-    HISTORY = "history"
 
 
 @dataclass(frozen=True)
