@@ -65,6 +65,9 @@ from pgcdc.snapshot import SnapshotResult, take_snapshot
 
 log = logging.getLogger(__name__)
 
+# How often the pipeline's receiver makes the change log durable: the data source reads only
+# durable transactions, so at low rates this is part of every change's commit-to-visible time.
+RECEIVER_FLUSH_SECONDS = 0.25
 SNAPSHOT_MODES = ("initial", "never")
 # Change data is production data: files 0600 and directories 0700 unless configured otherwise.
 DEFAULT_UMASK = 0o077
@@ -129,7 +132,7 @@ class Settings:
             create_slot=self.create_slot,
             binary=self.binary,
             end_lsn=end_lsn,
-            fsync_interval=1.0,
+            fsync_interval=RECEIVER_FLUSH_SECONDS,
             status_interval=5.0,
         )
 
