@@ -106,6 +106,32 @@ def test_portable_errors_keep_their_type_and_fields() -> None:
     assert isinstance(copy, ReceiverProcessError) and "Local: boom" in str(copy)
 
 
+def test_the_receiver_process_imports_neither_spark_nor_delta(tmp_path: Path) -> None:
+    """What the child imports and unpickles (its program, ``receive``, the settings with their
+    table kinds) leaves pyspark and deltalake out: they only delayed the receiver's start."""
+    settings = pipeline.Settings(
+        conninfo="dbname=unused",
+        slot="proc",
+        publications=("pub",),
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        kinds=(SinkKind.CHANGELOG, SinkKind.HISTORY),
+        table_kinds={"public.t": (SinkKind.MIRROR,)},
+    )
+    program = (
+        "import pickle, sys; from pgcdc.pipeline.process import _child; "
+        "from pgcdc.pipeline import receive; "
+        f"settings = pickle.loads(bytes.fromhex({pickle.dumps(settings).hex()!r})); "
+        "assert settings.table_kinds['public.t'][0].value == 'mirror'; "
+        "print(sorted(m for m in ('pyspark', 'deltalake') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr
+
+
 def test_a_receiver_error_reaches_the_caller_as_its_own_type(
     db: Database, tmp_path: Path, spark: Any
 ) -> None:

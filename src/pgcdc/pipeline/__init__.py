@@ -43,7 +43,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection import server_errors
@@ -71,13 +71,18 @@ from pgcdc.pipeline.origin import (
 )
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPolicy
-from pgcdc.sinks import SinkKind
+from pgcdc.sinks.kinds import SinkKind, parse_kinds
+
+if TYPE_CHECKING:
+    from pgcdc.spark.pipeline import PipelineConfig
 from pgcdc.snapshot import SnapshotResult, take_snapshot
-from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, start
 from pgcdc.storage import StorageOptions
 
 log = logging.getLogger(__name__)
 
+# How often the pipeline's receiver makes the change log durable: the data source reads only
+# durable transactions, so at low rates this is part of every change's commit-to-visible time.
+RECEIVER_FLUSH_SECONDS = 0.25
 SNAPSHOT_MODES = ("initial", "never")
 # Change data is production data: files 0600 and directories 0700 unless configured otherwise.
 DEFAULT_UMASK = 0o077
@@ -126,6 +131,8 @@ class Settings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def pipeline(self) -> PipelineConfig:
+        from pgcdc.spark.pipeline import PipelineConfig
+
         return PipelineConfig(
             changelog=self.changelog,
             lake=self.lake,
@@ -146,7 +153,7 @@ class Settings:
             create_slot=self.create_slot,
             binary=self.binary,
             end_lsn=end_lsn,
-            fsync_interval=1.0,
+            fsync_interval=RECEIVER_FLUSH_SECONDS,
             status_interval=5.0,
         )
 
@@ -488,13 +495,22 @@ def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotRes
     return result
 
 
+def _spark() -> Any:
+    """``pgcdc.spark.pipeline``, imported when first needed: the receiver's process imports
+    this module (and unpickles ``Settings``), and importing pyspark and deltalake there only
+    delayed its first change."""
+    import pgcdc.spark.pipeline
+
+    return pgcdc.spark.pipeline
+
+
 @contextlib.contextmanager
 def _session(settings: Settings) -> Iterator[Any]:
     # Hadoop's local file system (the checkpoint) chmods what it creates by its own umask.
     conf = {"spark.hadoop.fs.permissions.umask-mode": f"{settings.umask:03o}"}
     conf.update(settings.spark_conf)
     try:
-        spark = spark_session(settings.master, "pgcdc-pipeline", **conf)
+        spark = _spark().spark_session(settings.master, "pgcdc-pipeline", **conf)
     except Exception as exc:
         raise PipelineQueryError(
             f"Spark did not start with master {settings.master!r}: "
@@ -543,7 +559,7 @@ def run(
             spark = stack.enter_context(_session(settings))
         # Spark starts and writes while the receiver is still logging: with --once too, so
         # the query's start-up and first batches overlap the receiving.
-        query = start(spark, settings.pipeline())
+        query = _spark().start(spark, settings.pipeline())
         try:
             while not stop.is_set():
                 if receiver.error is not None or not query.isActive:

@@ -44,7 +44,6 @@ before it are idempotent, so a crash between them and the data commit is harmles
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import warnings
@@ -71,6 +70,7 @@ from pgcdc.errors import (
 from pgcdc.events import Column, Table
 from pgcdc.sinks import changes as c
 from pgcdc.sinks import keys as k
+from pgcdc.sinks.kinds import SinkKind
 from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
 from pgcdc.sinks.read import dataset
@@ -95,12 +95,6 @@ VALID_FROM_TIME = "_valid_from_time"
 VALID_TO_TIME = "_valid_to_time"
 IS_CURRENT = "_is_current"
 _ACTION = "__pgcdc_action"
-
-
-class SinkKind(enum.Enum):
-    CHANGELOG = "changelog"
-    MIRROR = "mirror"
-    HISTORY = "history"
 
 
 @dataclass(frozen=True)
@@ -264,9 +258,13 @@ def _ensure(
     wanted: pa.Schema,
     spec: c.TableSpec,
     storage_options: dict[str, str] | None,
+    table: DeltaTable | None,
 ) -> tuple[DeltaTable, pa.Schema]:
-    """Create the table, or evolve it so ``wanted`` columns fit; return it and its schema."""
-    table = _open(path, storage_options)
+    """Create the table, or evolve it so ``wanted`` columns fit; return it and its schema.
+
+    ``table``: the table at ``path`` as the caller just opened it (None: there was none), so
+    a write loads the table's log once, not once per step (a fixed cost of every table, kind
+    and batch that small transactions across many tables pay on few rows)."""
     if table is None:
         nullable = pa.schema([pa.field(f.name, f.type) for f in wanted])
         table = DeltaTable.create(path, nullable, mode="ignore", storage_options=storage_options)
@@ -482,16 +480,16 @@ def _take(changes: pa.Table, column: str, rows: Sequence[int]) -> pa.Array:
 
 
 def _write_changelog(
-    path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
+    path: str,
+    dspec: c.TableSpec,
+    changes: pa.Table,
+    commit: CommitProperties,
+    so: Any,
+    *,
+    opened: DeltaTable | None,
 ) -> None:
-    _, schema = _ensure(path, changelog_schema(dspec), dspec, so)
-    write_deltalake(
-        path,
-        align(changes, schema),
-        mode="append",
-        commit_properties=commit,
-        storage_options=so,
-    )
+    table, schema = _ensure(path, changelog_schema(dspec), dspec, so, opened)
+    write_deltalake(table, align(changes, schema), mode="append", commit_properties=commit)
 
 
 def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
@@ -650,9 +648,15 @@ def _number_copies(
 
 
 def _write_mirror(
-    path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
+    path: str,
+    dspec: c.TableSpec,
+    changes: pa.Table,
+    commit: CommitProperties,
+    so: Any,
+    *,
+    opened: DeltaTable | None,
 ) -> None:
-    table, schema = _ensure(path, _mirror_schema(dspec), dspec, so)
+    table, schema = _ensure(path, _mirror_schema(dspec), dspec, so, opened)
     changes = _number_copies(dspec, table, changes, current_only=False)
     folded = fold_mirror(dspec, changes)
     truncate_row: int | None = None
@@ -677,9 +681,7 @@ def _write_mirror(
     for name in k.identity_columns(dspec):
         rows = rows.append_column(name, _take(changes, name, lineage))
     if not _has_data(table):
-        write_deltalake(
-            path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
-        )
+        write_deltalake(table, align(rows, schema), mode="append", commit_properties=commit)
         return
     source_schema = schema.append(pa.field(_ACTION, pa.string()))
     upsert_rows = rows.append_column(_ACTION, pa.array(["upsert"] * rows.num_rows, pa.string()))
@@ -727,9 +729,15 @@ def _ended(changes: pa.Table, column: str, ends: np.ndarray[Any, Any], open_valu
 
 
 def _write_history(
-    path: str, dspec: c.TableSpec, changes: pa.Table, commit: CommitProperties, so: Any
+    path: str,
+    dspec: c.TableSpec,
+    changes: pa.Table,
+    commit: CommitProperties,
+    so: Any,
+    *,
+    opened: DeltaTable | None,
 ) -> None:
-    table, schema = _ensure(path, _history_schema(dspec), dspec, so)
+    table, schema = _ensure(path, _history_schema(dspec), dspec, so, opened)
     changes = _number_copies(dspec, table, changes, current_only=True)
     folded = fold_history(dspec, changes)
     truncate_row: int | None = None
@@ -765,9 +773,7 @@ def _write_history(
     for name in k.identity_columns(dspec):
         rows = rows.append_column(name, changes.column(name).take(start_rows))
     if (closed_keys.num_rows == 0 and truncate_row is None) or not _has_data(table):
-        write_deltalake(
-            path, align(rows, schema), mode="append", commit_properties=commit, storage_options=so
-        )
+        write_deltalake(table, align(rows, schema), mode="append", commit_properties=commit)
         return
     source_schema = schema.append(pa.field(_ACTION, pa.string()))
     closing = pa.array(closed_ends, pa.int64())
@@ -880,12 +886,13 @@ def _write_table(
         if existing is None:
             # The table exists, empty, once the sink was given it: readers find it, in its schema.
             dspec, _ = prepared()
-            _ensure(path, _SCHEMAS[kind](dspec), dspec, storage_options)
+            _ensure(path, _SCHEMAS[kind](dspec), dspec, storage_options, None)
         return WriteResult(spec.qualified_name, kind, path, False, 0)
     if existing is not None and kind is not SinkKind.CHANGELOG:
         _check_keyed(path, spec, existing)
     dspec, batch = prepared()
-    _WRITERS[kind](path, dspec, batch, _commit(app_id, version), storage_options)
+    commit = _commit(app_id, version)
+    _WRITERS[kind](path, dspec, batch, commit, storage_options, opened=existing)
     return WriteResult(spec.qualified_name, kind, path, True, batch.num_rows)
 
 

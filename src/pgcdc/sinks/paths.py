@@ -28,7 +28,7 @@ from pgcdc.errors import LakePathError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pgcdc.sinks.delta import SinkKind
+    from pgcdc.sinks.kinds import SinkKind
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 _ESCAPE = "-"

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,9 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.decoding.state import table_from_dict
-from pgcdc.errors import CheckpointUnavailable, InvalidOption, PipelineQueryError, SinkError
+from pgcdc.errors import CheckpointUnavailable, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
+from pgcdc.sinks.kinds import parse_kinds
 from pgcdc.spark.local_python import worker_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
 from pgcdc.storage import StorageOptions
@@ -266,15 +267,6 @@ def run_once(spark: Any, config: PipelineConfig) -> None:
     error = query.exception()
     if error is not None:
         raise PipelineQueryError(f"the pipeline query failed: {error}")
-
-
-def parse_kinds(names: Collection[str]) -> tuple[SinkKind, ...]:
-    try:
-        return tuple(SinkKind(n.strip()) for n in names)
-    except ValueError:
-        raise InvalidOption(
-            f"unknown table kind in {sorted(names)}; use changelog, mirror and/or history"
-        ) from None
 
 
 __all__ = [
