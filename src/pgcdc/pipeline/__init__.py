@@ -10,6 +10,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     create_slot = true
     snapshot = "initial"          # or "never"
     snapshot_workers = 4
+    receive_timeout = 60.0        # seconds of silence before the connection counts as lost
 
     [paths]
     changelog = "./changelog"
@@ -58,7 +59,13 @@ from pgcdc.errors import (
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.origin import ConfirmGuard, SlotOrigin, load_origin, save_origin, verify
 from pgcdc.pipeline.process import ReceiverProcess
-from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPolicy
+from pgcdc.receiver import (
+    DEFAULT_RECEIVE_TIMEOUT,
+    Receiver,
+    ReceiverOptions,
+    ReceiverProgress,
+    RetryPolicy,
+)
 from pgcdc.sinks import SinkKind
 from pgcdc.snapshot import SnapshotResult, take_snapshot
 from pgcdc.spark.pipeline import PipelineConfig, parse_kinds, spark_session, start
@@ -109,6 +116,9 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     # How the receiver rides out server faults (restarts, a terminated walsender).
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Seconds of silence on the replication connection before it counts as lost and is
+    # replaced (a network partition leaves the socket open); 0 waits for ever.
+    receive_timeout: float = DEFAULT_RECEIVE_TIMEOUT
 
     def pipeline(self) -> PipelineConfig:
         return PipelineConfig(
@@ -133,6 +143,7 @@ class Settings:
             end_lsn=end_lsn,
             fsync_interval=1.0,
             status_interval=5.0,
+            receive_timeout=self.receive_timeout,
         )
 
 
@@ -145,6 +156,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
     "binary": ("source", "binary", bool),
+    "receive_timeout": ("source", "receive_timeout", (int, float)),
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
@@ -284,6 +296,12 @@ def _validate(settings: Settings) -> None:
     if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
         raise InvalidOption(
             f"trigger_interval = {interval!r}: give the seconds between batches, 0 or more"
+        )
+    timeout = settings.receive_timeout
+    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
+        raise InvalidOption(
+            f"receive_timeout = {timeout!r}: give the seconds of silence before the replication "
+            "connection counts as lost, or 0 to wait for ever"
         )
     for name in ("snapshot_workers", "max_changes_per_batch", "max_bytes_per_batch"):
         value = getattr(settings, name)
