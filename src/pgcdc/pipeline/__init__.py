@@ -48,7 +48,7 @@ from typing import Any
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection import server_errors
 from pgcdc.connection.conninfo import connect, normalize
-from pgcdc.connection.sql import create_logical_slot, get_slot
+from pgcdc.connection.sql import create_logical_slot, drop_slot, get_slot
 from pgcdc.errors import (
     InvalidOption,
     PgcdcError,
@@ -57,7 +57,16 @@ from pgcdc.errors import (
     StorageError,
 )
 from pgcdc.lsn import LSN
-from pgcdc.pipeline.origin import ConfirmGuard, SlotOrigin, load_origin, save_origin, verify
+from pgcdc.pipeline.origin import (
+    ConfirmGuard,
+    SlotOrigin,
+    clear_snapshot_pending,
+    load_origin,
+    mark_snapshot_pending,
+    save_origin,
+    snapshot_pending,
+    verify,
+)
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import (
     DEFAULT_RECEIVE_TIMEOUT,
@@ -393,13 +402,26 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     with ``snapshot = "initial"`` a snapshot of the published tables (only a new slot exports
     the snapshot that matches its start), else the slot is created here, so that its start is
     recorded before anything streams. None: no slot to record (the receiver reports it).
-    Connection errors are typed, so the receiver's retries ride them out."""
+    Connection errors are typed, so the receiver's retries ride them out.
+
+    A snapshot interrupted by a crash (of the server or of pgcdc) leaves its slot behind with
+    nothing in the log: that slot is dropped and the snapshot taken again, never streamed
+    from without the rows it should have started with."""
     root = settings.changelog
     origin = load_origin(root, settings.storage)
     fresh = origin is None and writer.last_commit_lsn == 0
     with server_errors.translated(), connect(settings.conninfo) as conn:
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
+        if fresh and slot is not None and snapshot_pending(root, settings.storage) == settings.slot:
+            log.warning(
+                "the initial snapshot into %s was interrupted before it completed: dropping "
+                "the slot %s it created and taking the snapshot again",
+                root,
+                settings.slot,
+            )
+            drop_slot(conn, settings.slot, if_exists=True)
+            slot = None
         if not fresh:
             origin = verify(
                 origin, slot, name=settings.slot, database=database, log_end=writer.durable_lsn
@@ -421,11 +443,13 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
             start = create_logical_slot(conn, settings.slot, "pgoutput")
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
+        mark_snapshot_pending(root, settings.slot, settings.storage)
         result = initial_snapshot(settings, writer)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
         save_origin(root, origin, settings.storage)
+        clear_snapshot_pending(root, settings.storage)
     return origin
 
 
