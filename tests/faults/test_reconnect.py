@@ -2,7 +2,8 @@
 server stopped (immediate) and started again, both while a workload runs. The receiver process
 reconnects on its own, resumes from the slot and the change log's end, and in the end the log
 holds every change exactly once and replays to the source's rows, value by value. Errors a
-retry cannot fix (a dropped publication or slot) end the run with their typed error.
+retry cannot fix (a dropped publication or slot) end the run with their typed error. A server
+stopped while the initial snapshot copies makes the next session take the snapshot again.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ workload of ~200k changes runs (small transactions, large streamed ones with
 ``logical_decoding_work_mem`` = 64kB, two-phase commits and rollbacks) and restarted after each
 kill. Afterwards the change log holds every committed row exactly once, in commit order, and
 the slot's confirmed position never passed what the log had made durable.
+
+A second test kills it while it streams a mixed workload (key changes, TOAST left unchanged
+and rewritten, deletes, TRUNCATE) and compares the log with test_decoding's output of a second
+slot over the same WAL, change by change and value by value.
 """
 
 from __future__ import annotations
