@@ -309,8 +309,8 @@ def _validate(settings: Settings) -> None:
     timeout = settings.receive_timeout
     if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
         raise InvalidOption(
-            f"receive_timeout = {timeout!r}: give the seconds of silence before the replication "
-            "connection counts as lost, or 0 to wait for ever"
+            f"receive_timeout = {timeout!r}: give a positive number of seconds of silence "
+            "before the replication connection counts as lost, or 0 to wait for ever"
         )
     for name in ("snapshot_workers", "max_changes_per_batch", "max_bytes_per_batch"):
         value = getattr(settings, name)
