@@ -90,6 +90,10 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
                 workload.wait_for(workload.transactions + 20)
                 old = _new_walsender(conninfo, old)
                 workload.wait_for(workload.transactions + 10)
+                # The new session streams (and has looked its table up in the catalog: that
+                # query has no client-side timeout, see docs/pipeline.md) before the partition.
+                streamed_to = _current_lsn(conninfo)
+                wait_until(lambda: _slot(conninfo)[1] >= streamed_to or failure, timeout=120)
                 proxy.black_hole()
                 # The receiver hears nothing, not even an error: only its own timeout ends
                 # the session (without it this waits in vain).
