@@ -149,14 +149,17 @@ def _current_lsn(conninfo: str) -> LSN:
 
 
 def _slot(conninfo: str) -> tuple[int | None, LSN]:
-    """The slot's walsender PID (None when inactive) and confirmed position."""
+    """The slot's walsender PID (None when inactive) and confirmed position (0/0 while the
+    slot is missing or being created: an interrupted snapshot's slot is dropped and made
+    again)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         row = conn.execute(
             "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots "
             "WHERE slot_name = %s",
             (SLOT,),
         ).fetchone()
-    assert row is not None
+    if row is None or row[1] is None:
+        return None, LSN(0)
     return row[0], LSN.parse(row[1])
 
 
