@@ -74,6 +74,7 @@ from pgcdc.transactions import (
 )
 
 __all__ = [
+    "DEFAULT_RECEIVE_TIMEOUT",
     "DEFAULT_SESSION_SETTINGS",
     "Backoff",
     "Receiver",
@@ -108,6 +109,10 @@ DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETT
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+# Seconds of silence before a replication connection counts as lost: PostgreSQL's
+# wal_receiver_timeout default. The server is asked for a reply after half of it, so an idle
+# but healthy server is never mistaken for a dead one.
+DEFAULT_RECEIVE_TIMEOUT = 60.0
 # How long a quiet read may block before the stop event is looked at again.
 STOP_CHECK_SECONDS = 0.2
 # Messages handled between looks at the stop event and the flush clock. Small batches also keep
@@ -233,6 +238,9 @@ class ReceiverOptions:
     start_lsn: LSN | None = None  # None: the slot's confirmed position
     end_lsn: LSN | None = None  # stop once everything up to here is stored
     status_interval: float = 10.0  # seconds, as pg_recvlogical -s
+    # Seconds without a message after which the connection counts as lost (and, with a retry
+    # policy, is replaced), as PostgreSQL's wal_receiver_timeout; 0 waits for ever.
+    receive_timeout: float = DEFAULT_RECEIVE_TIMEOUT
     fsync_interval: float = 10.0  # seconds, as pg_recvlogical -F; 0 = after every transaction
     assembly: AssemblyOptions = field(default_factory=AssemblyOptions)
     application_name: str = "pgcdc"
@@ -281,7 +289,7 @@ class ReceiverOptions:
                 f"streaming={self.streaming!r} is not valid: use 'off', 'on', 'parallel' or "
                 "None (on where the server supports it)"
             )
-        for name in ("status_interval", "fsync_interval"):
+        for name in ("status_interval", "fsync_interval", "receive_timeout"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise InvalidOption(f"{name} must be a number of seconds >= 0, not {value!r}")
@@ -595,6 +603,7 @@ class Receiver:
                         options.start_lsn or INVALID_LSN,
                         plugin_options,
                         status_interval=options.status_interval,
+                        receive_timeout=options.receive_timeout,
                     ),
                     stop,
                 )

@@ -46,6 +46,8 @@ def test_no_create_slot_refuses_a_missing_slot(db: Database, tmp_path: Path, sna
         ('[source]\nmaster = "local[1]"\n', ["'master' belongs in [spark]"]),
         ('[tables]\nkind = ["mirror"]\n', ["'kind'", "did you mean 'kinds'"]),
         ("[spark]\nmax_changes_per_batch = 0\n", ["max_changes_per_batch", "positive"]),
+        ("[source]\nreceive_timeout = -1\n", ["receive_timeout = -1", "positive"]),
+        ("[source]\nrecieve_timeout = 5\n", ["'recieve_timeout'", "mean 'receive_timeout'"]),
     ],
 )
 def test_unknown_or_misplaced_keys_name_the_closest_valid_one(

@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
+from pgcdc.changelog import ChangeLog
+from pgcdc.events import Insert
 from pgcdc.localpg import free_port
+from pgcdc.lsn import LSN
 from pgcdc.sinks import SinkKind, read_table
 from tests.cli.helpers import assert_one_line_error, pgcdc
 from tests.conftest import Database
@@ -113,13 +116,38 @@ def test_a_full_disk_is_one_line_and_loses_nothing(
     created = run_pipeline(db, tmp_path, *where, str(target), "--snapshot", "never", "--once")
     assert created.returncode == 0, created.stderr.decode()
     # ~3 MB of text that does not compress away: more than the 1 MB disk holds.
-    db.execute(
-        "INSERT INTO items SELECT g, string_agg(md5(g::text || ':' || i::text), '') "
-        "FROM generate_series(1, 600) g, generate_series(1, 160) i GROUP BY g"
-    )
+    with db.connect() as conn, conn.transaction():
+        conn.execute(
+            "INSERT INTO items SELECT g, string_agg(md5(g::text || ':' || i::text), '') "
+            "FROM generate_series(1, 600) g, generate_series(1, 160) i GROUP BY g"
+        )
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    before_commit = LSN.parse(row[0])  # the transaction's commit record lies after this
     result = run_pipeline(db, tmp_path, *where, str(target), "--once")
     assert_one_line_error(result, "No space left on device", "free space")
+    log = target if full == "changelog" else tmp_path / "log"
+    confirmed = LSN.parse(
+        db.scalar(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'typed'"
+        )
+    )
+    if full == "changelog":
+        # The log could not hold the transaction, so the slot must still deliver it.
+        assert confirmed <= before_commit, (confirmed, before_commit)
+        assert not _logged_ids(log)
     _grow(small_disk)
     again = run_pipeline(db, tmp_path, *where, str(target), "--once")
     assert again.returncode == 0, again.stderr.decode()
     mirror_equals_source(db, target if full == "lake" else tmp_path / "lake")
+    # The change log holds each change exactly once.
+    assert sorted(_logged_ids(log)) == list(range(1, 601))
+
+
+def _logged_ids(log: Path) -> list[int]:
+    return [
+        int(str(event.new[0]))
+        for txn in ChangeLog(log).read_transactions()
+        for event in txn.events
+        if isinstance(event, Insert)
+    ]

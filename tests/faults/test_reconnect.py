@@ -2,7 +2,8 @@
 server stopped (immediate) and started again, both while a workload runs. The receiver process
 reconnects on its own, resumes from the slot and the change log's end, and in the end the log
 holds every change exactly once and replays to the source's rows, value by value. Errors a
-retry cannot fix (a dropped publication or slot) end the run with their typed error.
+retry cannot fix (a dropped publication or slot) end the run with their typed error. A server
+stopped while the initial snapshot copies makes the next session take the snapshot again.
 """
 
 from __future__ import annotations
@@ -148,14 +149,17 @@ def _current_lsn(conninfo: str) -> LSN:
 
 
 def _slot(conninfo: str) -> tuple[int | None, LSN]:
-    """The slot's walsender PID (None when inactive) and confirmed position."""
+    """The slot's walsender PID (None when inactive) and confirmed position (0/0 while the
+    slot is missing or being created: an interrupted snapshot's slot is dropped and made
+    again)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         row = conn.execute(
             "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots "
             "WHERE slot_name = %s",
             (SLOT,),
         ).fetchone()
-    assert row is not None
+    if row is None or row[1] is None:
+        return None, LSN(0)
     return row[0], LSN.parse(row[1])
 
 
@@ -407,3 +411,51 @@ def test_pipeline_run_rides_out_a_terminated_walsender(
     assert not failure, failure
     assert mirror() == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
+
+
+SNAPSHOT_ROWS = 100_000
+
+
+def _copying(conninfo: str) -> bool:
+    """Whether the initial snapshot's workers are copying rows now."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'pgcdc snapshot' AND query LIKE 'COPY%%'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_server_crash_mid_snapshot_never_leaves_a_partial_snapshot(
+    own_cluster: LocalCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An immediate stop while the initial snapshot copies: the receiver (or the next start)
+    takes the snapshot again, so the log holds every row once, never a partial copy."""
+    conninfo = own_cluster.conninfo()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
+        # Negative ids: the workload's inserts (positive) never collide with them.
+        conn.execute(
+            "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",
+            (SNAPSHOT_ROWS,),
+        )
+        conn.execute("CREATE PUBLICATION pub FOR TABLE items")
+    settings = _settings(conninfo, tmp_path, snapshot="initial", snapshot_workers=2)
+    process = ReceiverProcess(settings, None)
+    process.start()
+    try:
+        wait_until(lambda: _copying(conninfo) or not process.is_alive(), timeout=60, interval=0.01)
+        own_cluster.stop("immediate")
+        own_cluster.start()
+        if not process.is_alive():  # the run gave up: start it again, as a user would
+            process = ReceiverProcess(settings, None)
+            process.start()
+        with Workload(conninfo) as workload:
+            workload.wait_for(20)
+        _new_walsender(conninfo, None)
+        _drain(process, conninfo)
+    finally:
+        process.stop()
+        process.join(60)
+    _check_logged_exactly_once(conninfo, tmp_path / "log")
+    assert any("interrupted before it completed" in r.getMessage() for r in caplog.records)

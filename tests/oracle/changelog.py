@@ -10,6 +10,7 @@ functions of the session that reads the slot, so that session uses the oracle's 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.decoding.test_decoding import TestDecodingDecoder
-from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Truncate, Update
+from pgcdc.events import UNCHANGED_TOAST, Delete, Event, Insert, Truncate, Update
 from pgcdc.lsn import LSN
 from pgcdc.sinks import SinkKind, read_table
 
@@ -61,31 +62,42 @@ def decoded_changes(
         "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", (slot,)
     ).fetchall()
     for lsn, data in rows:
-        for event in decoder.decode(data.encode(), LSN.parse(lsn)):
-            if isinstance(event, Truncate):
-                for table in event.tables:
-                    entries.setdefault((table.namespace, table.name), []).append(
-                        Entry("truncate", {}, {})
-                    )
-                continue
-            if not isinstance(event, Insert | Update | Delete):
-                continue
-            table = event.table
-            key = (table.namespace, table.name)
+        add_entries(decoder.decode(data.encode(), LSN.parse(lsn)), entries, types)
+    return entries, types
+
+
+def add_entries(
+    events: Iterable[Event],
+    entries: dict[tuple[str, str], list[Entry]],
+    types: dict[tuple[str, str], dict[str, str]] | None = None,
+) -> None:
+    """Append each row change (and TRUNCATE) of ``events`` to its table's entries; note the
+    column types seen in ``types``. Takes test_decoding's events and the change log's alike."""
+    for event in events:
+        if isinstance(event, Truncate):
+            for table in event.tables:
+                entries.setdefault((table.namespace, table.name), []).append(
+                    Entry("truncate", {}, {})
+                )
+            continue
+        if not isinstance(event, Insert | Update | Delete):
+            continue
+        table = event.table
+        key = (table.namespace, table.name)
+        if types is not None:
             known = types.setdefault(key, {})
             for column in table.columns:
                 if column.type_name is not None:
                     known[column.name] = column.type_name
-            columns = table.columns
-            if isinstance(event, Insert):
-                entry = Entry("insert", _values(columns, event.new), {})
-            elif isinstance(event, Update):
-                old = _values(columns, event.old) if event.old is not None else {}
-                entry = Entry("update", _values(columns, event.new), old)
-            else:
-                entry = Entry("delete", {}, _values(columns, event.old))
-            entries.setdefault(key, []).append(entry)
-    return entries, types
+        columns = table.columns
+        if isinstance(event, Insert):
+            entry = Entry("insert", _values(columns, event.new), {})
+        elif isinstance(event, Update):
+            old = _values(columns, event.old) if event.old is not None else {}
+            entry = Entry("update", _values(columns, event.new), old)
+        else:
+            entry = Entry("delete", {}, _values(columns, event.old))
+        entries.setdefault(key, []).append(entry)
 
 
 def _old_columns(table: TableSpec, names: list[str]) -> list[str]:

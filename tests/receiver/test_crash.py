@@ -3,6 +3,10 @@ workload of ~200k changes runs (small transactions, large streamed ones with
 ``logical_decoding_work_mem`` = 64kB, two-phase commits and rollbacks) and restarted after each
 kill. Afterwards the change log holds every committed row exactly once, in commit order, and
 the slot's confirmed position never passed what the log had made durable.
+
+A second test kills it while it streams a mixed workload (key changes, TOAST left unchanged
+and rewritten, deletes, TRUNCATE) and compares the log with test_decoding's output of a second
+slot over the same WAL, change by change and value by value.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,6 +29,7 @@ from pgcdc.events import Insert
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from tests.conftest import Database
+from tests.oracle.changelog import UNCHANGED, Entry, add_entries, decoded_changes
 
 from .helpers import current_lsn, slot_position
 
@@ -187,3 +193,138 @@ def test_sigkilled_receiver_logs_every_commit_exactly_once(db: Database, tmp_pat
     ]
     assert not violations, violations[:5]
     assert any(confirmed > LSN(0) and claim > LSN(0) for confirmed, claim in samples)
+
+
+# --- a mixed workload, checked value by value -------------------------------------------------
+
+MIXED_KILLS = 6
+MIXED_STEPS = 160
+# A value stored out of line: 100 md5 digests (3.2 kB of hex) do not compress by the 25%
+# pglz requires, so each row's value is TOASTed; distinct per row and per step.
+BIG = (
+    "(SELECT string_agg(md5(%s::text || ':' || id || ':' || s), '') FROM generate_series(1, 100) s)"
+)
+
+
+def mixed_plan(rng: random.Random) -> list[str]:
+    steps = ["insert"] * 50 + ["update"] * 35 + ["rewrite"] * 25 + ["rekey"] * 15
+    steps += ["delete"] * 20 + ["truncate"] * 2 + ["large"] * 3
+    steps += ["insert"] * (MIXED_STEPS - len(steps))
+    rng.shuffle(steps)
+    return steps
+
+
+def _mixed_workload(conninfo: str, rng: random.Random, errors: list[BaseException]) -> None:
+    """Each step is one transaction: inserts (half with a TOASTed value), updates leaving the
+    TOASTed value unchanged, updates rewriting it, key changes, deletes, TRUNCATE, and a
+    transaction larger than logical_decoding_work_mem (streamed) touching the TOASTed rows."""
+    next_id = 1
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            for step, kind in enumerate(mixed_plan(rng)):
+                k, tag = rng.randrange(7), f"s{step}"
+                with conn.transaction():
+                    if kind in ("insert", "large"):
+                        rows = 20 if kind == "insert" else 1500
+                        conn.execute(
+                            "INSERT INTO mixed SELECT id, 0, CASE WHEN id %% 2 = 0 THEN "
+                            f"{BIG} ELSE 'small ' || id END "
+                            "FROM generate_series(%s::bigint, %s::bigint) id",
+                            (tag, next_id, next_id + rows - 1),
+                        )
+                        next_id += rows
+                        if kind == "large":
+                            conn.execute("UPDATE mixed SET n = n + 1 WHERE id %% 3 = %s", (k % 3,))
+                    elif kind == "update":
+                        conn.execute("UPDATE mixed SET n = n + 1 WHERE id %% 7 = %s", (k,))
+                    elif kind == "rewrite":
+                        conn.execute(
+                            f"UPDATE mixed SET big = {BIG}, n = n + 1 "
+                            "WHERE id %% 11 = %s AND id %% 2 = 0",
+                            (tag, k),
+                        )
+                    elif kind == "rekey":
+                        conn.execute(
+                            "UPDATE mixed SET id = -id WHERE id > 0 AND id %% 13 = %s", (k,)
+                        )
+                    elif kind == "delete":
+                        conn.execute("DELETE FROM mixed WHERE id %% 17 = %s", (k,))
+                    else:
+                        conn.execute("TRUNCATE mixed")
+                time.sleep(0.05)  # spread the workload over the kills
+    except BaseException as error:
+        errors.append(error)
+
+
+def _replay(entries: list[Any]) -> dict[str, tuple[str | None, str | None]]:
+    """The table the logged changes leave behind: id -> (n, big)."""
+    rows: dict[str, tuple[str | None, str | None]] = {}
+    for entry in entries:
+        if entry.op == "truncate":
+            rows.clear()
+        elif entry.op == "delete":
+            del rows[str(entry.old["id"])]
+        else:
+            before = rows.pop(str(entry.old.get("id", entry.new["id"])), (None, None))
+            values = [entry.new["n"], entry.new["big"]]
+            for i, value in enumerate(values):
+                if value == UNCHANGED:
+                    values[i] = before[i]
+            rows[str(entry.new["id"])] = (values[0], values[1])
+    return rows
+
+
+@pytest.mark.slow
+def test_sigkilled_receiver_logs_mixed_changes_value_by_value(db: Database, tmp_path: Path):
+    """SIGKILLs at seeded instants of a workload of inserts, updates (key changes, TOAST left
+    unchanged and rewritten), deletes and TRUNCATE: the change log's changes equal
+    test_decoding's over the same WAL one for one, value for value, and replay to the source."""
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE mixed (id bigint PRIMARY KEY, n int NOT NULL, big text)")
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput', false, true)")
+        conn.execute("SELECT pg_create_logical_replication_slot('oracle', 'test_decoding')")
+    conninfo = db.conninfo(options="-c logical_decoding_work_mem=64kB")
+    root, durable = tmp_path / "log", tmp_path / "durable"
+    rng = random.Random(20261124 + db.major)
+    failures: list[BaseException] = []
+    writer = threading.Thread(target=_mixed_workload, args=(db.conninfo(), rng, failures))
+    writer.start()
+    try:
+        for _ in range(MIXED_KILLS):
+            child = start_child(conninfo, root, durable)
+            # Killed while it streams, not while it starts.
+            wait_until(lambda c=child: slot_position(db, "s")[2] or c.poll() is not None)
+            time.sleep(rng.uniform(0.1, 1.0))
+            assert child.poll() is None, child.communicate()
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            wait_until(lambda: not slot_position(db, "s")[2], timeout=60)
+    finally:
+        writer.join(600)
+    assert not failures, failures
+    with db.connect() as conn:
+        end = current_lsn(conn)
+    child = start_child(conninfo, root, durable, end)
+    out, err = child.communicate(timeout=600)
+    assert child.returncode == 0, err
+    assert out.startswith("done"), out
+
+    logged: dict[tuple[str, str], list[Entry]] = {}
+    for txn in ChangeLog(root).read_transactions():
+        add_entries(txn.events, logged)
+    with db.connect() as conn:
+        expected, _ = decoded_changes(conn, "oracle")
+        source = {
+            str(id_): (str(n), big)
+            for id_, n, big in conn.execute("SELECT id, n, big FROM mixed").fetchall()
+        }
+    got, want = logged[("public", "mixed")], expected[("public", "mixed")]
+    ops = {op: sum(e.op == op for e in want) for op in ("insert", "update", "delete", "truncate")}
+    assert all(ops.values()), ops
+    assert sum(e.new.get("big") == UNCHANGED for e in want) > 0  # TOAST left unchanged
+    assert sum(bool(e.old) for e in want if e.op == "update") > 0  # key changes
+    assert len(got) == len(want), (len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g.op, g.new, g.old) == (w.op, w.new, w.old), f"change {i} differs"
+    assert _replay(got) == source

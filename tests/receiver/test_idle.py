@@ -96,3 +96,36 @@ def test_idle_database_does_not_hold_wal(db: Database, busy: str, tmp_path: Path
     # Without the receiver the slot would retain all `generated` bytes by now.
     assert generated > 4 * 4 * MB
     assert max(retained[2:]) < 4 * MB, (retained, generated)
+
+
+def test_a_quiet_healthy_server_is_not_taken_for_a_dead_one(db: Database, tmp_path: Path):
+    """receive_timeout gives up on a silent connection; a healthy server with nothing to send
+    is asked for a reply after half of it and answers, so the session goes on."""
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE quiet (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        conn.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+    # Status updates rarer than the timeout: only the ping can make the server speak in time.
+    opts = ReceiverOptions(
+        db.conninfo(), "s", publications=("pub",), status_interval=30.0, receive_timeout=1.0
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    with ChangeLog(tmp_path).writer() as sink:
+        receiver = Receiver(opts, sink)
+
+        def run() -> None:
+            try:
+                receiver.run(stop)  # no retry: a timeout would end it with ConnectionLost
+            except BaseException as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            # Several timeouts' worth of silence, without a write.
+            assert not stop.wait(5.0)
+        finally:
+            stop.set()
+            thread.join(60)
+    assert not errors, errors

@@ -206,7 +206,11 @@ class _Session:
         return _result_set(last, self.encoding)
 
     def start_gen(
-        self, text: str, status_interval: float, max_message_size: int
+        self,
+        text: str,
+        status_interval: float,
+        max_message_size: int,
+        receive_timeout: float | None = None,
     ) -> PQGen[_StreamCore]:
         if not status_interval > 0:
             raise errors.InvalidArgument(f"status_interval must be positive: {status_interval}")
@@ -220,7 +224,13 @@ class _Session:
             raise errors.ProtocolError(
                 f"START_REPLICATION returned status {result.status!r} instead of COPY-BOTH"
             )
-        self.stream = _StreamCore(self, status_interval, max_message_size)
+        if receive_timeout is not None and not receive_timeout >= 0:
+            raise errors.InvalidArgument(
+                f"receive_timeout must be None or 0 (no timeout) or positive: {receive_timeout}"
+            )
+        self.stream = _StreamCore(
+            self, status_interval, max_message_size, receive_timeout=receive_timeout
+        )
         return self.stream
 
 
@@ -229,6 +239,12 @@ class _StreamCore:
 
     ``poll`` takes what libpq already holds without waiting (the hot path); ``read_gen``
     waits for more, sending a status update whenever one falls due while it waits.
+
+    A connection can die without an error (a network partition, a NAT or firewall dropping
+    its state): the socket stays open and the server is merely silent. As PostgreSQL's
+    ``wal_receiver_timeout``, after ``receive_timeout`` / 2 seconds without a message the
+    core asks the server for a reply (a walsender answers with a keepalive even when idle),
+    and after ``receive_timeout`` seconds it gives the connection up as lost.
     """
 
     def __init__(
@@ -237,6 +253,7 @@ class _StreamCore:
         status_interval: float,
         max_message_size: int,
         clock: Callable[[], float] = time.monotonic,
+        receive_timeout: float | None = None,
     ) -> None:
         self.session = session
         self.pgconn = session.pgconn
@@ -247,6 +264,9 @@ class _StreamCore:
         self.server_wal_end: LSN | None = None
         self.last_keepalive: PrimaryKeepalive | None = None
         self.next_status = clock() + status_interval
+        self.receive_timeout = receive_timeout or None  # None (or 0): wait for ever
+        self.last_received = clock()
+        self.ping_sent = False
         self.want_write = False
         self.copy_ended = False  # the server left COPY mode (error or shutdown)
         self.failed: errors.PgcdcError | None = None  # raised by poll_many after its batch
@@ -292,6 +312,8 @@ class _StreamCore:
         except psycopg.OperationalError as error:
             raise self.session.lost(error) from None
         if size > 0:
+            self.last_received = self.clock()
+            self.ping_sent = False
             message = parse_copy_data(data, self.max_message_size)
             if type(message) is PrimaryKeepalive:
                 self._keepalive(message)
@@ -361,6 +383,9 @@ class _StreamCore:
             if not messages:
                 raise
             self.failed = error
+        if taken:
+            self.last_received = self.clock()
+            self.ping_sent = False
         return messages
 
     def _keepalive(self, message: PrimaryKeepalive) -> None:
@@ -368,6 +393,26 @@ class _StreamCore:
         self.last_keepalive = message
         if message.reply_requested:
             self.send_status()
+
+    def _check_silence(self, now: float) -> float:
+        """Ping a server silent for half of ``receive_timeout``, give up on one silent for all
+        of it; the seconds until the next of these falls due."""
+        timeout = self.receive_timeout
+        assert timeout is not None
+        silent = now - self.last_received
+        if silent >= timeout:
+            self.ended = True
+            raise errors.ConnectionLost(
+                f"no message from the server for {silent:.0f} s (receive_timeout="
+                f"{timeout:g} s): the connection is presumed dead (a network partition?); "
+                "reconnect and restart streaming from the last confirmed LSN"
+            )
+        if silent < timeout / 2:
+            return timeout / 2 - silent
+        if not self.ping_sent:
+            self.ping_sent = True
+            self.send_status(reply_requested=True)
+        return timeout - silent
 
     def _raise_failed(self) -> None:
         error, self.failed = self.failed, None
@@ -382,6 +427,9 @@ class _StreamCore:
             )
         deadline = None if timeout is None else self.clock() + timeout
         waited = False  # look at the socket at least once, even with timeout=0
+        # Whether the socket was read since this call began: a consumer busy for longer than
+        # receive_timeout leaves the server's messages in the kernel, which is not silence.
+        looked = False
         while True:
             message = self.poll()
             if message is not None:
@@ -393,9 +441,16 @@ class _StreamCore:
                 return None
             waited = True
             wait = self.next_status - now
+            if self.receive_timeout is not None:
+                if not looked and now - self.last_received >= self.receive_timeout / 2:
+                    looked = True
+                    self.session.consume()
+                    continue
+                wait = min(wait, self._check_silence(now))
             if deadline is not None and deadline - now < wait:
                 wait = deadline - now
             ready = yield (READ | WRITE if self.want_write else READ), max(wait, 0.0)
+            looked = True
             if ready & WRITE:
                 self.want_write = not self.session.flush()
             if ready & READ:
@@ -690,10 +745,14 @@ class ReplicationConnection(_ConnectionBase):
         *,
         status_interval: float = DEFAULT_STATUS_INTERVAL,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        receive_timeout: float | None = None,
     ) -> ReplicationStream:
-        """Stream from a logical slot; 0/0 starts at the slot's confirmed_flush_lsn."""
+        """Stream from a logical slot; 0/0 starts at the slot's confirmed_flush_lsn.
+        ``receive_timeout``: seconds of silence after which the connection counts as lost."""
         text = self._start_command(slot_name, start_lsn, options)
-        core = self._waiter.run(self._session.start_gen(text, status_interval, max_message_size))
+        core = self._waiter.run(
+            self._session.start_gen(text, status_interval, max_message_size, receive_timeout)
+        )
         return ReplicationStream(core, self._waiter)
 
     def close(self) -> None:
@@ -792,10 +851,12 @@ class AsyncReplicationConnection(_ConnectionBase):
         *,
         status_interval: float = DEFAULT_STATUS_INTERVAL,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        receive_timeout: float | None = None,
     ) -> AsyncReplicationStream:
         text = self._start_command(slot_name, start_lsn, options)
         core = await run_async(
-            self._session.start_gen(text, status_interval, max_message_size), self._fileno
+            self._session.start_gen(text, status_interval, max_message_size, receive_timeout),
+            self._fileno,
         )
         return AsyncReplicationStream(core, self._fileno)
 

@@ -11,6 +11,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     failover = true               # a new slot is a failover slot (PostgreSQL 17+)
     snapshot = "initial"          # or "never"
     snapshot_workers = 4
+    receive_timeout = 60.0        # seconds of silence before the connection counts as lost
 
     [paths]
     changelog = "./changelog"
@@ -50,7 +51,7 @@ from pgcdc.connection import server_errors
 from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.replication import ReplicationConnection
-from pgcdc.connection.sql import create_logical_slot, get_slot
+from pgcdc.connection.sql import create_logical_slot, drop_slot, get_slot
 from pgcdc.connection.standby import in_recovery
 from pgcdc.errors import (
     InvalidOption,
@@ -65,12 +66,21 @@ from pgcdc.pipeline.origin import (
     ConfirmGuard,
     ServerTimeline,
     SlotOrigin,
+    clear_snapshot_pending,
     load_origin,
+    mark_snapshot_pending,
     save_origin,
+    snapshot_pending,
     verify,
 )
 from pgcdc.pipeline.process import ReceiverProcess
-from pgcdc.receiver import Receiver, ReceiverOptions, ReceiverProgress, RetryPolicy
+from pgcdc.receiver import (
+    DEFAULT_RECEIVE_TIMEOUT,
+    Receiver,
+    ReceiverOptions,
+    ReceiverProgress,
+    RetryPolicy,
+)
 from pgcdc.sinks.kinds import SinkKind, parse_kinds
 
 if TYPE_CHECKING:
@@ -129,6 +139,9 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     # How the receiver rides out server faults (restarts, a terminated walsender).
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Seconds of silence on the replication connection before it counts as lost and is
+    # replaced (a network partition leaves the socket open); 0 waits for ever.
+    receive_timeout: float = DEFAULT_RECEIVE_TIMEOUT
 
     def pipeline(self) -> PipelineConfig:
         from pgcdc.spark.pipeline import PipelineConfig
@@ -155,6 +168,7 @@ class Settings:
             end_lsn=end_lsn,
             fsync_interval=RECEIVER_FLUSH_SECONDS,
             status_interval=5.0,
+            receive_timeout=self.receive_timeout,
         )
 
 
@@ -168,6 +182,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
     "binary": ("source", "binary", bool),
+    "receive_timeout": ("source", "receive_timeout", (int, float)),
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
@@ -308,6 +323,12 @@ def _validate(settings: Settings) -> None:
         raise InvalidOption(
             f"trigger_interval = {interval!r}: give the seconds between batches, 0 or more"
         )
+    timeout = settings.receive_timeout
+    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
+        raise InvalidOption(
+            f"receive_timeout = {timeout!r}: give a positive number of seconds of silence "
+            "before the replication connection counts as lost, or 0 to wait for ever"
+        )
     for name in ("snapshot_workers", "max_changes_per_batch", "max_bytes_per_batch"):
         value = getattr(settings, name)
         if value is not None and value <= 0:
@@ -413,7 +434,11 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     with ``snapshot = "initial"`` a snapshot of the published tables (only a new slot exports
     the snapshot that matches its start), else the slot is created here, so that its start is
     recorded before anything streams. None: no slot to record (the receiver reports it).
-    Connection errors are typed, so the receiver's retries ride them out."""
+    Connection errors are typed, so the receiver's retries ride them out.
+
+    A snapshot interrupted by a crash (of the server or of pgcdc) leaves its slot behind with
+    nothing in the log: that slot is dropped and the snapshot taken again, never streamed
+    from without the rows it should have started with."""
     root = settings.changelog
     origin = load_origin(root, settings.storage)
     fresh = origin is None and writer.last_commit_lsn == 0
@@ -423,6 +448,15 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
         refuse_standby(conn)
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
+        if fresh and slot is not None and snapshot_pending(root, settings.storage) == settings.slot:
+            log.warning(
+                "the initial snapshot into %s was interrupted before it completed: dropping "
+                "the slot %s it created and taking the snapshot again",
+                root,
+                settings.slot,
+            )
+            drop_slot(conn, settings.slot, if_exists=True)
+            slot = None
         if not fresh:
             origin = verify(
                 origin,
@@ -450,6 +484,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
             start = create_logical_slot(conn, settings.slot, "pgoutput", failover=failover)
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
+        mark_snapshot_pending(root, settings.slot, settings.storage)
         result = initial_snapshot(settings, writer)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
@@ -457,6 +492,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
         if origin.timeline is None:  # a new record: where it started
             origin = replace(origin, system_id=server.system_id, timeline=server.timeline)
         save_origin(root, origin, settings.storage)
+        clear_snapshot_pending(root, settings.storage)
     return origin
 
 

@@ -27,6 +27,7 @@ primary without the slot (``SlotNotSynced``), instead of a new slot with a gap.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -51,16 +52,24 @@ from pgcdc.lsn import LSN
 from pgcdc.storage import StorageOptions
 
 __all__ = [
+    "SNAPSHOT_PENDING_NAME",
     "STATE_NAME",
     "ConfirmGuard",
     "ServerTimeline",
     "SlotOrigin",
+    "clear_snapshot_pending",
     "load_origin",
+    "mark_snapshot_pending",
     "save_origin",
+    "snapshot_pending",
     "verify",
 ]
 
 STATE_NAME = "pgcdc-slot.json"
+# Written before the initial snapshot creates its slot, removed once the snapshot is in the
+# log and the origin recorded: a slot found with this file present was created by a snapshot
+# that never completed (a crash), so it may be dropped and the snapshot taken again.
+SNAPSHOT_PENDING_NAME = "pgcdc-snapshot-pending.json"
 log = logging.getLogger(__name__)
 
 
@@ -130,10 +139,45 @@ def load_origin(log_root: str, storage: StorageOptions | None = None) -> SlotOri
 def save_origin(log_root: str, origin: SlotOrigin, storage: StorageOptions | None = None) -> None:
     """Replace the record atomically (a new file renamed over the old and synced when local;
     one PUT on S3 and GCS)."""
+    _replace(log_root, STATE_NAME, origin.to_json().encode(), storage)
+
+
+def mark_snapshot_pending(log_root: str, slot: str, storage: StorageOptions | None = None) -> None:
+    """Record, durably, that an initial snapshot is about to create ``slot``."""
+    _replace(log_root, SNAPSHOT_PENDING_NAME, json.dumps({"slot": slot}).encode(), storage)
+
+
+def snapshot_pending(log_root: str, storage: StorageOptions | None = None) -> str | None:
+    """The slot an interrupted initial snapshot created (or was about to), else None."""
+    changelog = ChangeLog(log_root, storage=storage)
+    path = f"{changelog.root}/{SNAPSHOT_PENDING_NAME}"
+    try:
+        with changelog.filesystem.open_input_stream(path) as stream:
+            text = stream.read().decode()
+    except FileNotFoundError:
+        return None
+    try:
+        return str(json.loads(text)["slot"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ChangeLogError(
+            f"{path} is damaged ({type(error).__name__}: {error}); it only records that an "
+            "initial snapshot was under way: delete it, drop the slot that snapshot created "
+            "(if it exists) and start again"
+        ) from None
+
+
+def clear_snapshot_pending(log_root: str, storage: StorageOptions | None = None) -> None:
+    changelog = ChangeLog(log_root, storage=storage)
+    with contextlib.suppress(FileNotFoundError):
+        changelog.filesystem.delete_file(f"{changelog.root}/{SNAPSHOT_PENDING_NAME}")
+
+
+def _replace(log_root: str, name: str, data: bytes, storage: StorageOptions | None = None) -> None:
+    """Write ``name`` in the log's directory atomically (synced when local; one PUT on S3
+    and GCS)."""
     changelog = ChangeLog(log_root, storage=storage)
     fs, root = changelog.filesystem, changelog.root
-    path, temporary = f"{root}/{STATE_NAME}", f"{root}/{STATE_NAME}.tmp"
-    data = origin.to_json().encode()
+    path, temporary = f"{root}/{name}", f"{root}/{name}.tmp"
     if isinstance(fs, pafs.LocalFileSystem):
         with open(temporary, "wb") as file:
             file.write(data)

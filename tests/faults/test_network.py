@@ -1,0 +1,126 @@
+"""``pipeline run`` rides out network faults, on PostgreSQL 15 and 18: its connection to the
+server goes through a TCP proxy on loopback (``tests.faults.proxy``) that first resets every
+connection mid-stream, then black-holes them (open, silent) for longer than the receiver's
+``receive_timeout``. The receiver must notice the silence itself, reconnect once the network
+is back, and in the end the change log holds every change exactly once and the Delta mirror
+equals the source.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc import pipeline
+from pgcdc.localpg import wait_until
+from pgcdc.sinks import read_table
+from pgcdc.spark.pipeline import spark_session
+from tests.conftest import Database
+from tests.faults.proxy import TcpProxy
+from tests.faults.test_reconnect import (
+    Row,
+    Workload,
+    _check_logged_exactly_once,
+    _current_lsn,
+    _new_walsender,
+    _reconnections,
+    _settings,
+    _slot,
+    _source,
+    _source_rows,
+)
+
+# Small, so the test does not idle: the receiver gives a silent connection up after this many
+# seconds, the server its side (the walsender holding the slot) after wal_sender_timeout.
+RECEIVE_TIMEOUT = 2.0
+SERVER_TIMEOUT = "3s"
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]", "pgcdc-tests")
+    yield session
+    session.stop()
+
+
+def _mirror(lake: Path) -> dict[str, Row]:
+    path = lake / "public" / "items" / "mirror"
+    if not (path / "_delta_log").exists():
+        return {}
+    table = read_table(path).select(["id", "v", "n"]).to_pylist()
+    return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
+
+
+def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
+    db: Database,
+    tmp_path: Path,
+    spark: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO")
+    conninfo = db.conninfo()
+    _source(conninfo)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+    with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
+        proxied = db.conninfo(
+            port=proxy.port,
+            connect_timeout=2,
+            options=f"-c wal_sender_timeout={SERVER_TIMEOUT}",
+        )
+        settings = _settings(proxied, tmp_path, receive_timeout=RECEIVE_TIMEOUT)
+
+        def run() -> None:
+            try:
+                pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
+            except BaseException as error:
+                failure.append(error)
+
+        runner = threading.Thread(target=run, name="pipeline")
+        runner.start()
+        try:
+            with Workload(conninfo) as workload:
+                workload.wait_for(20)
+                old = _new_walsender(conninfo, None)
+                assert proxy.cut() >= 1
+                workload.wait_for(workload.transactions + 20)
+                old = _new_walsender(conninfo, old)
+                workload.wait_for(workload.transactions + 10)
+                # The new session streams (and has looked its table up in the catalog: that
+                # query has no client-side timeout, see docs/pipeline.md) before the partition.
+                streamed_to = _current_lsn(conninfo)
+                wait_until(lambda: _slot(conninfo)[1] >= streamed_to or failure, timeout=120)
+                proxy.black_hole()
+                # The receiver hears nothing, not even an error: only its own timeout ends
+                # the session (without it this waits in vain).
+                wait_until(
+                    lambda: (
+                        any("receive_timeout" in line for line in _reconnections(caplog)) or failure
+                    ),
+                    timeout=60,
+                )
+                workload.wait_for(workload.transactions + 20)
+                proxy.restore()
+                _new_walsender(conninfo, old)
+                workload.wait_for(workload.transactions + 20)
+            end = _current_lsn(conninfo)
+            wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
+            source = _source_rows(conninfo)
+            wait_until(
+                lambda: _mirror(tmp_path / "lake") == source or failure, timeout=240, interval=0.5
+            )
+            assert runner.is_alive() and not failure, failure
+        finally:
+            stop.set()
+            runner.join(120)
+    assert not failure, failure
+    attempts = _reconnections(caplog)
+    # The cut ends a session at once (its connection reset, while streaming or connecting).
+    assert any("receive_timeout" not in line for line in attempts), attempts
+    assert any("receive_timeout" in line for line in attempts), attempts
+    assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
+    _check_logged_exactly_once(conninfo, tmp_path / "log")
