@@ -108,7 +108,7 @@ def test_killed_driver_restarts_without_loss_or_duplicates(db: Database, tmp_pat
     assert_lake_matches(lake, names, final, workload.samples, transactions)
 
 
-PIPELINE_KILLS = 3  # per server: each restart waits for a new Spark start-up
+PIPELINE_KILLS = 2  # per server: each restart waits for a new Spark start-up
 SNAPSHOT_ROWS = 20_000
 
 
