@@ -965,8 +965,18 @@ class Codec:
 _VECTOR_TYPES = {22: 21, 30: 26}  # int2vector, oidvector: element oid
 # Built-in ranges' subtypes and multiranges' range types (pg_range).
 _BUILTIN_RANGE_INNER = {
-    3904: 23, 3906: 1700, 3908: 1114, 3910: 1184, 3912: 1082, 3926: 20,
-    4451: 3904, 4532: 3906, 4533: 3908, 4534: 3910, 4535: 3912, 4536: 3926,
+    3904: 23,
+    3906: 1700,
+    3908: 1114,
+    3910: 1184,
+    3912: 1082,
+    3926: 20,
+    4451: 3904,
+    4532: 3906,
+    4533: 3908,
+    4534: 3910,
+    4535: 3912,
+    4536: 3926,
 }
 _OPAQUE_NAMES = ("composite", "range", "multirange", "unknown", "enum")
 
