@@ -246,7 +246,8 @@ BINARY_CASES: list[tuple[int, bytes, Any]] = [
         BoundedList([5, 6], (0,)),
     ),
     (TEXT_ARRAY, _array(TEXT, [(2, 1)], [b'x"y\\', None]), ['x"y\\', None]),
-    (3904, b"\x02\x00\x00\x00\x04\x00\x00\x00\x01", b"\x02\x00\x00\x00\x04\x00\x00\x00\x01"),
+    # int4range [1,10): range_send's flags (lower inclusive), then each bound length-prefixed
+    (3904, b"\x02\x00\x00\x00\x04\x00\x00\x00\x01\x00\x00\x00\x04\x00\x00\x00\x0a", "[1,10)"),
     (123456, b"\xde\xad", b"\xde\xad"),  # unknown type: the bytes, untouched
 ]
 
