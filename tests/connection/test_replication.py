@@ -415,7 +415,9 @@ def test_read_many_hands_out_the_stream_in_batches(db, table):
             batch = stream.read_many(timeout=1.0, limit=7)
             sizes.append(len(batch))
             lines += _lines(batch)
-        assert max(sizes) == 7  # what libpq had buffered came in batches, never above limit
+        # What libpq had buffered came in batches, never above the limit. (How much it had
+        # buffered at once depends on the machine's load: CI once saw 6 at most, not 7.)
+        assert 1 < max(sizes) <= 7
         inserts = [text for _, text in lines if text.startswith("table ")]
         assert inserts == [
             f"table public.t: INSERT: id[integer]:{i} v[text]:'row {i}'" for i in range(1, 301)
