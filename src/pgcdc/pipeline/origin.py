@@ -117,15 +117,23 @@ class ServerTimeline:
     switchpoints: Mapping[int, LSN] = field(default_factory=dict)
 
 
-def load_origin(log_root: str, storage: StorageOptions | None = None) -> SlotOrigin | None:
-    """The recorded origin of the change log at ``log_root``, or None (none recorded yet)."""
+def _read(log_root: str, name: str, storage: StorageOptions | None) -> tuple[str, str] | None:
+    """The path and text of the file ``name`` beside the change log, or None if there is none."""
     changelog = ChangeLog(log_root, storage=storage)
-    path = f"{changelog.root}/{STATE_NAME}"
+    path = f"{changelog.root}/{name}"
     try:
         with changelog.filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode()
+            return path, stream.read().decode()
     except FileNotFoundError:
         return None
+
+
+def load_origin(log_root: str, storage: StorageOptions | None = None) -> SlotOrigin | None:
+    """The recorded origin of the change log at ``log_root``, or None (none recorded yet)."""
+    found = _read(log_root, STATE_NAME, storage)
+    if found is None:
+        return None
+    path, text = found
     try:
         return SlotOrigin.from_json(text)
     except (ValueError, KeyError, TypeError) as error:
@@ -149,13 +157,10 @@ def mark_snapshot_pending(log_root: str, slot: str, storage: StorageOptions | No
 
 def snapshot_pending(log_root: str, storage: StorageOptions | None = None) -> str | None:
     """The slot an interrupted initial snapshot created (or was about to), else None."""
-    changelog = ChangeLog(log_root, storage=storage)
-    path = f"{changelog.root}/{SNAPSHOT_PENDING_NAME}"
-    try:
-        with changelog.filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode()
-    except FileNotFoundError:
+    found = _read(log_root, SNAPSHOT_PENDING_NAME, storage)
+    if found is None:
         return None
+    path, text = found
     try:
         return str(json.loads(text)["slot"])
     except (ValueError, KeyError, TypeError) as error:
