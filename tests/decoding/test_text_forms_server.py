@@ -53,6 +53,10 @@ CASES: list[tuple[str, list[str]]] = [
     ("nest", ["ROW(ROW(1, 'x', 0.5, 1, '{}', '', '(,)')::pair, 'sad', '[1.5,2)')"]),
     ("floatrange", ["'[1.5,2.5)'", "'(-1e300,0.1]'", "'[-0,Infinity]'"]),
     ("floatmultirange", ["'{[1.5,2.5),(3,1e20]}'", "'{}'"]),
+    (
+        "floats",
+        ["ROW('{1,2.5e20,-0,1e15}', '2024-01-02 03:04:05.5+02')", "ROW('{{1,2},{3,NaN}}', NULL)"],
+    ),
 ]
 
 _SCHEMA = (
@@ -60,6 +64,7 @@ _SCHEMA = (
     "CREATE TYPE floatrange AS RANGE (subtype = float8)",
     "CREATE TYPE pair AS (i int, t text, f float8, r real, a int[], b bytea, ir int4range)",
     "CREATE TYPE nest AS (p pair, m mood, fr floatrange)",
+    "CREATE TYPE floats AS (a float8[], t timestamptz)",
 )
 
 

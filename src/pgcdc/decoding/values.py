@@ -1316,11 +1316,7 @@ def pg_text(value: Any) -> str:
     if isinstance(value, bool):
         return "t" if value else "f"
     if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if value in (float("inf"), float("-inf")):
-            return "Infinity" if value > 0 else "-Infinity"
-        return repr(value)
+        return float_text(value)  # float8out's digits, as the server prints them
     if isinstance(value, bytes):
         return "\\x" + value.hex()
     if isinstance(value, Decimal):
