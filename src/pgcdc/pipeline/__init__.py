@@ -82,11 +82,11 @@ from pgcdc.receiver import (
     RetryPolicy,
 )
 from pgcdc.sinks.kinds import SinkKind, parse_kinds
-
-if TYPE_CHECKING:
-    from pgcdc.spark.pipeline import PipelineConfig
 from pgcdc.snapshot import SnapshotResult, take_snapshot
 from pgcdc.storage import StorageOptions
+
+if TYPE_CHECKING:  # imported when a query starts: the receiver's process never loads Spark
+    from pgcdc.spark.pipeline import PipelineConfig
 
 log = logging.getLogger(__name__)
 
