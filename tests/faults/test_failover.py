@@ -29,17 +29,17 @@ from pgcdc.localpg import LocalCluster, embedded_installation, free_port, wait_u
 from pgcdc.pipeline.origin import load_origin
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import RetryPolicy
-from pgcdc.sinks import read_table
 from tests.conftest import TEST_SETTINGS
 from tests.faults.test_reconnect import (
     SLOT,
-    Row,
     Workload,
     _check_logged_exactly_once,
     _current_lsn,
+    _mirror,
     _settings,
     _slot,
     _source_rows,
+    _wait_caught_up,
     spark,  # noqa: F401 (the module's SparkSession fixture)
 )
 
@@ -162,14 +162,6 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
             failure.append(error)
 
     runner = threading.Thread(target=run, name="pipeline")
-    mirror_path = tmp_path / "lake" / "public" / "items" / "mirror"
-
-    def mirror() -> dict[str, Row]:
-        if not (mirror_path / "_delta_log").exists():
-            return {}
-        table = read_table(mirror_path).select(["id", "v", "n"]).to_pylist()
-        return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
-
     try:
         runner.start()
         wait_until(lambda: _streaming(primary) or failure, timeout=120)  # the slot is there
@@ -187,16 +179,12 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
             workload.wait_for(workload.transactions + 30)
             _fail_over(clusters[1], clusters[2], "fast")
             workload.wait_for(workload.transactions + 30)
-        end = _current_lsn(conninfo)
-        wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
-        source = _source_rows(conninfo)
-        wait_until(lambda: mirror() == source or failure, timeout=240, interval=0.5)
-        assert runner.is_alive() and not failure, failure
+        _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
     finally:
         stop.set()
         runner.join(120)
     assert not failure, failure
-    assert mirror() == _source_rows(conninfo)
+    assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
     origin = load_origin(str(tmp_path / "log"))
     assert origin is not None and origin.timeline == 3

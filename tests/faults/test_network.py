@@ -17,21 +17,21 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.localpg import wait_until
-from pgcdc.sinks import read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
 from tests.faults.proxy import TcpProxy
 from tests.faults.test_reconnect import (
-    Row,
     Workload,
     _check_logged_exactly_once,
     _current_lsn,
+    _mirror,
     _new_walsender,
     _reconnections,
     _settings,
     _slot,
     _source,
     _source_rows,
+    _wait_caught_up,
 )
 
 # Small, so the test does not idle: the receiver gives a silent connection up after this many
@@ -45,14 +45,6 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", "pgcdc-tests")
     yield session
     session.stop()
-
-
-def _mirror(lake: Path) -> dict[str, Row]:
-    path = lake / "public" / "items" / "mirror"
-    if not (path / "_delta_log").exists():
-        return {}
-    table = read_table(path).select(["id", "v", "n"]).to_pylist()
-    return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
 
 
 def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
@@ -107,13 +99,7 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
                 proxy.restore()
                 _new_walsender(conninfo, old)
                 workload.wait_for(workload.transactions + 20)
-            end = _current_lsn(conninfo)
-            wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
-            source = _source_rows(conninfo)
-            wait_until(
-                lambda: _mirror(tmp_path / "lake") == source or failure, timeout=240, interval=0.5
-            )
-            assert runner.is_alive() and not failure, failure
+            _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
         finally:
             stop.set()
             runner.join(120)

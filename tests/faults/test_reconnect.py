@@ -204,6 +204,27 @@ def _drain(process: ReceiverProcess, conninfo: str) -> None:
         raise process.error
 
 
+def _mirror(lake: Path) -> dict[str, Row]:
+    """The items table's mirror in the lake, by id (empty before its first write)."""
+    path = lake / "public" / "items" / "mirror"
+    if not (path / "_delta_log").exists():
+        return {}
+    table = read_table(path).select(["id", "v", "n"]).to_pylist()
+    return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
+
+
+def _wait_caught_up(
+    conninfo: str, lake: Path, runner: threading.Thread, failure: list[BaseException]
+) -> None:
+    """Wait for the running pipeline to confirm the server's current position and its mirror
+    to equal the source; it must still run, with no error."""
+    end = _current_lsn(conninfo)
+    wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
+    source = _source_rows(conninfo)
+    wait_until(lambda: _mirror(lake) == source or failure, timeout=240, interval=0.5)
+    assert runner.is_alive() and not failure, failure
+
+
 def _reconnections(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "reconnection attempt" in r.getMessage()]
 
@@ -383,14 +404,6 @@ def test_pipeline_run_rides_out_a_terminated_walsender(
 
     runner = threading.Thread(target=run, name="pipeline")
     runner.start()
-    mirror_path = tmp_path / "lake" / "public" / "items" / "mirror"
-
-    def mirror() -> dict[str, Row]:
-        if not (mirror_path / "_delta_log").exists():
-            return {}
-        table = read_table(mirror_path).select(["id", "v", "n"]).to_pylist()
-        return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
-
     try:
         with Workload(conninfo) as workload:
             workload.wait_for(20)
@@ -400,16 +413,12 @@ def test_pipeline_run_rides_out_a_terminated_walsender(
             old = _terminate_walsender(conninfo)
             workload.wait_for(workload.transactions + 20)
         _new_walsender(conninfo, old)
-        end = _current_lsn(conninfo)
-        wait_until(lambda: _slot(conninfo)[1] >= end or failure, timeout=120)
-        source = _source_rows(conninfo)
-        wait_until(lambda: mirror() == source or failure, timeout=240, interval=0.5)
-        assert runner.is_alive() and not failure, failure
+        _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
     finally:
         stop.set()
         runner.join(120)
     assert not failure, failure
-    assert mirror() == _source_rows(conninfo)
+    assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
 
 

@@ -28,7 +28,6 @@ from pgcdc.localpg import wait_until
 from tests.cli.helpers import CLI
 from tests.conftest import Database
 from tests.faults import test_reconnect as faults
-from tests.faults.test_network import _mirror
 
 from .helpers import (
     Workload,
@@ -174,5 +173,5 @@ def test_killed_pipeline_run_restarts_without_loss_or_duplicates(
         workload.wait_for(workload.transactions + 10)
     finisher = _pipeline_command(db, tmp_path, output, "--once")
     assert finisher.wait(timeout=600) == 0, _tail(output)
-    assert _mirror(tmp_path / "lake") == faults._source_rows(conninfo)
+    assert faults._mirror(tmp_path / "lake") == faults._source_rows(conninfo)
     faults._check_logged_exactly_once(conninfo, tmp_path / "log")
