@@ -451,6 +451,7 @@ class Receiver:
             options.conninfo,
             options.application_name,
             session_options(options.conninfo, options.session_settings),
+            timeout=options.receive_timeout or None,
         )
         # A session has connected, so the slot exists (created then, if asked): later sessions
         # must find it, never create it again.

@@ -9,6 +9,7 @@ equals the source.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,11 @@ from typing import Any
 import pytest
 
 from pgcdc import pipeline
+from pgcdc.connection.catalog import TypeDescriber
+from pgcdc.errors import ConnectionLost
+from pgcdc.events import Table
 from pgcdc.localpg import wait_until
+from pgcdc.receiver import retryable
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
 from tests.faults.proxy import TcpProxy
@@ -82,8 +87,8 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
                 workload.wait_for(workload.transactions + 20)
                 old = _new_walsender(conninfo, old)
                 workload.wait_for(workload.transactions + 10)
-                # The new session streams (and has looked its table up in the catalog: that
-                # query has no client-side timeout, see docs/pipeline.md) before the partition.
+                # The new session streams (and has looked its table up in the catalog) before
+                # the partition.
                 streamed_to = _current_lsn(conninfo)
                 wait_until(lambda: _slot(conninfo)[1] >= streamed_to or failure, timeout=120)
                 proxy.black_hole()
@@ -110,3 +115,27 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
     assert any("receive_timeout" in line for line in attempts), attempts
     assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
+
+
+def test_a_catalog_lookup_on_a_black_holed_network_ends_within_its_timeout(db: Database) -> None:
+    """The receiver looks a table's columns up in the catalog when a Relation message arrives,
+    on an ordinary connection: on a silent network that query must end with ConnectionLost
+    (which the receiver retries) within the receive_timeout, never block the stream for ever.
+    Without the deadline this test hangs until pytest's own timeout."""
+    db.execute("CREATE TABLE looked_up (id int PRIMARY KEY, v text DEFAULT 'x')")
+    oid = db.scalar("SELECT 'looked_up'::regclass::oid")
+    with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
+        types = TypeDescriber(db.conninfo(port=proxy.port), timeout=RECEIVE_TIMEOUT)
+        table = Table("public", "looked_up", (), oid=oid)
+        try:
+            types.describe_relation(table)  # answered: the connection is open and works
+            proxy.black_hole()
+            started = time.monotonic()
+            with pytest.raises(ConnectionLost, match="no answer within 2 s") as raised:
+                types.describe_relation(table)
+            assert time.monotonic() - started < RECEIVE_TIMEOUT + 10
+            assert retryable(raised.value)
+            proxy.restore()
+            types.describe_relation(table)  # a new connection answers again
+        finally:
+            types.close()

@@ -255,6 +255,26 @@ def test_terminated_walsenders_are_reconnected_without_a_gap_or_a_duplicate(
     _check_logged_exactly_once(conninfo, tmp_path / "log")
 
 
+def test_a_receiver_process_prints_its_threads_stacks_on_request(
+    db: Database, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """SIGUSR1 (``dump_stacks``) shows where a running receiver waits, and it keeps running."""
+    conninfo = db.conninfo()
+    _source(conninfo)
+    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
+    process.start()
+    try:
+        _new_walsender(conninfo, None)
+        process.dump_stacks()
+        err = wait_until(lambda: (text := capfd.readouterr().err) and text, timeout=30)
+        assert "most recent call first" in err and "receiver.py" in err, err
+        assert process.is_alive()
+    finally:
+        process.stop()
+        process.join(60)
+    assert process.error is None
+
+
 @pytest.fixture(params=sorted(_INSTALLATIONS))
 def own_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A cluster of this test's own, as it is stopped and started under the receiver."""
@@ -456,12 +476,28 @@ def test_a_server_crash_mid_snapshot_never_leaves_a_partial_snapshot(
         wait_until(lambda: _copying(conninfo) or not process.is_alive(), timeout=60, interval=0.01)
         own_cluster.stop("immediate")
         own_cluster.start()
-        if not process.is_alive():  # the run gave up: start it again, as a user would
-            process = ReceiverProcess(settings, None)
-            process.start()
+        restarts = 0
+
+        def streaming() -> bool:
+            # The run may give up on the crash, now or a little later (it is still unwinding
+            # the snapshot): start it again once, as a user or a supervisor would.
+            nonlocal process, restarts
+            if not process.is_alive():
+                assert restarts == 0, f"the receiver gave up twice: {process.error!r}"
+                print(f"the receiver gave up on the crash: {process.error!r}")
+                restarts += 1
+                process = ReceiverProcess(settings, None)
+                process.start()
+            return _slot(conninfo)[0] is not None
+
         with Workload(conninfo) as workload:
             workload.wait_for(20)
-        _new_walsender(conninfo, None)
+            try:
+                wait_until(streaming, timeout=120)
+            except TimeoutError:
+                process.dump_stacks()  # where it waits, in the captured stderr
+                time.sleep(2)
+                raise
         _drain(process, conninfo)
     finally:
         process.stop()

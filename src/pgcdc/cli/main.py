@@ -13,8 +13,11 @@ line "pgcdc: error: ...", details on the following lines), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -72,6 +75,11 @@ UMASK = 0o077
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: where a run that seems stuck
+    # waits, without stopping it.
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # stderr has no fd
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
     previous = os.umask(UMASK)
     try:
         return _main(argv)

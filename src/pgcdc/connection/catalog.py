@@ -9,14 +9,18 @@ replication can start at all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
+from pgcdc.connection.deadline import answered_within
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
 from pgcdc.decoding.values import TypeRegistry
@@ -170,24 +174,47 @@ class TypeDescriber:
     catalog now, not as of the message's LSN, gives the same answer; a type dropped meanwhile
     keeps only its name (its values are then decoded as text) and a warning says so."""
 
-    def __init__(self, conninfo: str, application_name: str = "pgcdc", options: str = "") -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        application_name: str = "pgcdc",
+        options: str = "",
+        timeout: float | None = None,
+    ) -> None:
         self._conninfo = conninfo
         self._application_name = application_name
         self._options = options  # the walsender's session settings: values print alike
+        # The replication stream's receive_timeout: a lookup blocks the stream, so it must not
+        # wait longer than the stream itself would for a message.
+        self._timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._seen: dict[int, Table] = {}  # the last definition of each table this session
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None:
-            with translated():
-                self._conn = psycopg.connect(
-                    self._conninfo,
-                    autocommit=True,
-                    application_name=self._application_name,
-                    options=self._options,
-                    client_encoding="UTF8",
-                )
-        return self._conn
+    @contextlib.contextmanager
+    def _lookup(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        """The catalog connection (opened on first use) for one lookup that must be answered
+        within the timeout; a connection that failed is closed, so the next lookup reconnects."""
+        try:
+            if self._conn is None:
+                extra: dict[str, Any] = {}
+                if self._timeout is not None and "connect_timeout" not in conninfo_to_dict(
+                    self._conninfo
+                ):
+                    extra["connect_timeout"] = max(2, math.ceil(self._timeout))
+                with translated():
+                    self._conn = psycopg.connect(
+                        self._conninfo,
+                        autocommit=True,
+                        application_name=self._application_name,
+                        options=self._options,
+                        client_encoding="UTF8",
+                        **extra,
+                    )
+            with answered_within(self._conn, self._timeout, what):
+                yield self._conn
+        except BaseException:
+            self.close()
+            raise
 
     def describe_relation(self, table: Table) -> Table:
         """``table`` with each column's missing value and unseen default (``Column.missing``,
@@ -195,7 +222,8 @@ class TypeDescriber:
         non-volatile default keeps its value in attmissingval until the table is rewritten,
         so reading it now gives what rows that predate the column hold."""
         self._report_retyped(table)
-        defaults = column_defaults(self._connection(), table.oid)
+        with self._lookup(f"the catalog lookup of {table.qualified_name}'s columns") as conn:
+            defaults = column_defaults(conn, table.oid)
         columns = tuple(
             replace(column, missing=found[0], default_unseen=found[1])
             if (found := defaults.get(column.name)) is not None
@@ -233,7 +261,8 @@ class TypeDescriber:
     def describe(self, event: Type) -> list[Type]:
         """``event`` with its pg_type facts, preceded by Type events for the non-built-in types
         it rests on (pgoutput sends none for an array's element or a domain's base)."""
-        infos = type_closure(self._connection(), [event.oid])
+        with self._lookup(f"the catalog lookup of type {event.name} (OID {event.oid})") as conn:
+            infos = type_closure(conn, [event.oid])
         if event.oid not in infos:
             log.warning(
                 "type %s.%s (OID %d) is no longer in pg_type: its values are kept as text",

@@ -9,11 +9,14 @@ Stopping: the parent says so on a second pipe; the child ignores SIGINT (a termi
 reaches the whole process group, and the parent decides), treats SIGTERM as a stop request,
 and stops on its own when the parent dies (that pipe ends): a killed driver must not leave a
 receiver holding the slot and the change log's writer lock. A stop flushes and confirms first.
+SIGUSR1 makes the child print every thread's stack to its stderr (``dump_stacks``), to see
+where a receiver that seems stuck waits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import pickle
@@ -104,6 +107,7 @@ def _child(messages: Connection, control: Connection) -> None:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     lock = threading.Lock()
     root = logging.getLogger()
     root.handlers = [_PipeHandler(messages, lock)]
@@ -203,6 +207,11 @@ class ReceiverProcess:
 
     def is_alive(self) -> bool:
         return self._collector.is_alive()
+
+    def dump_stacks(self) -> None:
+        """Have the child print every thread's stack to its stderr (shared with ours)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGUSR1)
 
     def join(self, timeout: float | None = None) -> None:
         self._collector.join(timeout)
