@@ -32,7 +32,6 @@ from pgcdc import pipeline
 from pgcdc.localpg import LocalCluster
 from pgcdc.sinks import SinkKind, read_table
 from tests.conftest import Database, examples, fresh_database
-from tests.pipeline.settings import WireSettings
 
 from .helpers import lake_path, slot_streamed
 
@@ -475,21 +474,26 @@ def lake_rows(lake: Path, name: str, kind: SinkKind) -> list[Row]:
 
 
 def run_pipeline(database: Database, root: Path, binary: bool, spark: Any) -> None:
-    settings = WireSettings(
-        binary=binary,
-        two_phase=True,
-        conninfo=database.conninfo(),
-        slot=SLOT,
-        publications=(PUBLICATION,),
-        create_slot=False,
-        snapshot="never",
-        changelog=str(root / "changelog"),
-        lake=str(root / "lake"),
-        checkpoint=str(root / "checkpoint"),
-        master="local[2]",
-        trigger_interval=0.5,
-        max_changes_per_batch=200,
+    # The wire settings as users write them: two-phase decoding, and binary in one run.
+    config = root / "pipeline.toml"
+    config.write_text(f"[source]\nbinary = {str(binary).lower()}\ntwo_phase = true\n")
+    settings = pipeline.load(
+        config,
+        {
+            "conninfo": database.conninfo(),
+            "slot": SLOT,
+            "publications": (PUBLICATION,),
+            "create_slot": False,
+            "snapshot": "never",
+            "changelog": str(root / "changelog"),
+            "lake": str(root / "lake"),
+            "checkpoint": str(root / "checkpoint"),
+            "master": "local[2]",
+            "trigger_interval": 0.5,
+            "max_changes_per_batch": 200,
+        },
     )
+    assert settings.receiver().two_phase and settings.binary == binary
     pipeline.run(settings, once=True, spark=spark)
 
 

@@ -122,6 +122,11 @@ class Settings:
     # pgoutput's binary format: the walsender sends send-function output (cheaper for numeric,
     # timestamps, arrays); values land as in text format.
     binary: bool = False
+    # pgoutput's two-phase decoding (PostgreSQL 15+): a prepared transaction is decoded at
+    # PREPARE and held in the receiver until COMMIT PREPARED lands it (ROLLBACK PREPARED drops
+    # it), so a large one is not decoded all at once at its commit. Enabled on the slot at its
+    # first start and, before PostgreSQL 17, not turned off again.
+    two_phase: bool = False
     changelog: str = "./changelog"
     lake: str = "./lake"
     checkpoint: str = "./checkpoint"
@@ -165,6 +170,7 @@ class Settings:
             publications=self.publications,
             create_slot=self.create_slot,
             binary=self.binary,
+            two_phase=self.two_phase,
             end_lsn=end_lsn,
             fsync_interval=RECEIVER_FLUSH_SECONDS,
             status_interval=5.0,
@@ -182,6 +188,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
     "binary": ("source", "binary", bool),
+    "two_phase": ("source", "two_phase", bool),
     "receive_timeout": ("source", "receive_timeout", (int, float)),
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
