@@ -23,7 +23,7 @@ session's start is printed separately), and the mirror is checked against the so
 account the workload touched.
 
     python3 bench/oltp.py [--shapes tpcb,tiny,mix] [--transactions 40000] [--repeat 3] [--pipeline]
-        [--before-src OTHER_CHECKOUT/src]
+        [--before-src OTHER_CHECKOUT/src] [--binary]
 """
 
 from __future__ import annotations
@@ -133,15 +133,22 @@ def _cpu_children() -> float:
 
 
 def _pgcdc_drain(
-    conninfo: str, slot: str, endpos: LSN, log: Path, source: str | None = None
+    conninfo: str,
+    slot: str,
+    endpos: LSN,
+    log: Path,
+    source: str | None = None,
+    *,
+    binary: bool = False,
 ) -> tuple[float, float]:
     """Seconds and CPU seconds of the ``pgcdc`` command draining ``slot`` into a change log;
-    ``source``: run the pgcdc package found in that directory instead of this one."""
+    ``source``: run the pgcdc package found in that directory instead of this one; ``binary``:
+    ask pgoutput for binary values (the walsender then skips the types' output functions)."""
     env = None if source is None else {**os.environ, "PYTHONPATH": source}
     command = [
         sys.executable, "-m", "pgcdc.cli.main", "-d", conninfo, "-S", slot, "--start",
         "--publication", "pub", "--format", "changelog", "--log", str(log),
-        "-E", str(endpos), "--no-loop",
+        "-E", str(endpos), "--no-loop", *(["-o", "binary=true"] if binary else []),
     ]  # fmt: skip
     cpu, started = _cpu_children(), time.perf_counter()
     subprocess.run(command, check=True, env=env)
@@ -190,7 +197,9 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
 
     def drain(side: str, number: int, source: str | None) -> tuple[float, float]:
         log = work / f"{shape.name}-{side}-log{number}"
-        run = _pgcdc_drain(conninfo, f"{shape.name}_{side}{number}", endpos, log, source)
+        run = _pgcdc_drain(
+            conninfo, f"{shape.name}_{side}{number}", endpos, log, source, binary=args.binary
+        )
         logged = _logged(log)
         if logged != (transactions, changes):
             raise SystemExit(
@@ -218,7 +227,8 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
     )
 
     print(f"\n== {shape.name}: {transactions:,} transactions, {changes:,} changes "
-          f"(PostgreSQL {server // 10000}, pgoutput proto {proto}, {CLIENTS} clients)")  # fmt: skip
+          f"(PostgreSQL {server // 10000}, pgoutput proto {proto}, {CLIENTS} clients"
+          f"{'; pgcdc in binary format' if args.binary else ''})")  # fmt: skip
     print(f"   rates run by run ({' / '.join(['pg_recvlogical', *runs])}, changes/s): " + ", ".join(
         " / ".join(f"{changes / r[number][0] / 1e3:.0f}k" for r in (recv_runs, *runs.values()))
         for number in range(args.repeat)
@@ -298,6 +308,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--version", default="18", choices=["15", "18"])
     parser.add_argument("--pipeline", action="store_true", help="also pipeline run on tpcb")
+    parser.add_argument(
+        "--binary",
+        action="store_true",
+        help="the pgcdc command asks for pgoutput's binary format (pg_recvlogical stays text)",
+    )
     parser.add_argument(
         "--before-src",
         metavar="DIR",
