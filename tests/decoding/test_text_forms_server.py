@@ -51,6 +51,16 @@ CASES: list[tuple[str, list[str]]] = [
         ],
     ),
     ("nest", ["ROW(ROW(1, 'x', 0.5, 1, '{}', '', '(,)')::pair, 'sad', '[1.5,2)')"]),
+    (
+        "priced",
+        [
+            "ROW(1234567.89, '{0.05,-1000,NULL}')",
+            "ROW(0, '{}')",
+            "ROW(-0.01, '{999.99,1000}')",
+            "ROW('-92233720368547758.08'::money, ARRAY['92233720368547758.07'::money])",
+            "ROW(NULL, NULL)",
+        ],
+    ),
     ("floatrange", ["'[1.5,2.5)'", "'(-1e300,0.1]'", "'[-0,Infinity]'"]),
     ("floatmultirange", ["'{[1.5,2.5),(3,1e20]}'", "'{}'"]),
     (
@@ -65,6 +75,7 @@ _SCHEMA = (
     "CREATE TYPE pair AS (i int, t text, f float8, r real, a int[], b bytea, ir int4range)",
     "CREATE TYPE nest AS (p pair, m mood, fr floatrange)",
     "CREATE TYPE floats AS (a float8[], t timestamptz)",
+    "CREATE TYPE priced AS (m money, ms money[])",
 )
 
 

@@ -1,5 +1,5 @@
 """Binary forms of the types pgcdc keeps as PostgreSQL text: geometric types, ranges,
-multiranges and composites.
+multiranges and composites (and the money fields inside them).
 
 pgcdc holds these values as the text their output function prints, so a stream in pgoutput's
 binary format must give the very same text as one in text format (under the settings the
@@ -94,6 +94,25 @@ def _neighbours(value: float, single: bool) -> tuple[float, float]:
 
 
 # --- geometric types (geo_ops.c: all float8, printed by float8out) ---------------------------
+
+
+def money_text(cents: int, fraction_digits: int = 2) -> str:
+    """cash_out's text of a money value held as ``cents`` (units of the last fraction digit),
+    under the conventions of lc_monetary C and en_US ("$", groups of three split by ",", "."
+    before the fraction, "-" first when negative): other locales print differently, and that
+    difference is documented, not guessed at."""
+    sign = "-" if cents < 0 else ""
+    digits = str(abs(cents)).rjust(fraction_digits + 1, "0")
+    whole = digits[: len(digits) - fraction_digits] if fraction_digits else digits
+    groups = []
+    while len(whole) > 3:
+        groups.append(whole[-3:])
+        whole = whole[:-3]
+    groups.append(whole)
+    text = ",".join(reversed(groups))
+    if fraction_digits:
+        text += "." + digits[len(digits) - fraction_digits :]
+    return f"{sign}${text}"
 
 
 def _floats(data: bytes, count: int, offset: int = 0) -> list[str]:

@@ -31,6 +31,7 @@ from pgcdc.decoding.textforms import (
     GEOMETRIC,
     composite_binary,
     float_text,
+    money_text,
     multirange_binary,
     range_binary,
 )
@@ -1178,6 +1179,22 @@ class TypeRegistry:
         if resolved.name in ("float4", "float8"):
             fixed_below = 6 if resolved.name == "float4" else 15
             return lambda data: float_text(binary(data), fixed_below)
+        if resolved.name == "money" or (
+            resolved.element is not None and resolved.element.name == "money"
+        ):
+            # cash_out's text has a currency symbol and group separators numeric's lacks.
+            digits = self.money_fraction_digits
+
+            def money(value: Any) -> Any:
+                if isinstance(value, list):
+                    return [money(v) for v in value]
+                if value is None:
+                    return None
+                return money_text(int(value.scaleb(digits)), digits)
+
+            if resolved.name == "money":
+                return lambda data: money(binary(data))
+            return lambda data: pg_text(money(binary(data)))
         return lambda data: pg_text(binary(data))
 
     def _field_text(self, type_oid: int, data: bytes) -> str:
