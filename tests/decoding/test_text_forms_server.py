@@ -61,6 +61,7 @@ CASES: list[tuple[str, list[str]]] = [
             "ROW(NULL, NULL)",
         ],
     ),
+    ("reals", ["ROW('{0.1,1e20,-0,NaN,3.4e38,1.5e-45}', 0.1)", "ROW('{{1,2},{3,4}}', NULL)"]),
     ("floatrange", ["'[1.5,2.5)'", "'(-1e300,0.1]'", "'[-0,Infinity]'"]),
     ("floatmultirange", ["'{[1.5,2.5),(3,1e20]}'", "'{}'"]),
     (
@@ -76,6 +77,7 @@ _SCHEMA = (
     "CREATE TYPE nest AS (p pair, m mood, fr floatrange)",
     "CREATE TYPE floats AS (a float8[], t timestamptz)",
     "CREATE TYPE priced AS (m money, ms money[])",
+    "CREATE TYPE reals AS (a real[], r real)",
 )
 
 
