@@ -8,6 +8,7 @@ stopped while the initial snapshot copies makes the next session take the snapsh
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -204,6 +205,18 @@ def _drain(process: ReceiverProcess, conninfo: str) -> None:
         raise process.error
 
 
+@contextlib.contextmanager
+def _running(settings: pipeline.Settings) -> Iterator[ReceiverProcess]:
+    """A receiver process for the block's length; stopped (flush, confirm, exit) after it."""
+    process = ReceiverProcess(settings, None)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        process.join(60)
+
+
 def _mirror(lake: Path) -> dict[str, Row]:
     """The items table's mirror in the lake, by id (empty before its first write)."""
     path = lake / "public" / "items" / "mirror"
@@ -234,9 +247,7 @@ def test_terminated_walsenders_are_reconnected_without_a_gap_or_a_duplicate(
 ) -> None:
     conninfo = db.conninfo()
     _source(conninfo)
-    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
-    process.start()
-    try:
+    with _running(_settings(conninfo, tmp_path)) as process:
         with Workload(conninfo) as workload:
             old = None
             for round in range(3):
@@ -247,9 +258,6 @@ def test_terminated_walsenders_are_reconnected_without_a_gap_or_a_duplicate(
         _new_walsender(conninfo, old)  # the same process streams again, started by no one
         assert process.is_alive()
         _drain(process, conninfo)
-    finally:
-        process.stop()
-        process.join(60)
     assert len(_reconnections(caplog)) >= 3
     assert "ReplicationStreamError" in _reconnections(caplog)[0]
     _check_logged_exactly_once(conninfo, tmp_path / "log")
@@ -261,17 +269,12 @@ def test_a_receiver_process_prints_its_threads_stacks_on_request(
     """SIGUSR1 (``dump_stacks``) shows where a running receiver waits, and it keeps running."""
     conninfo = db.conninfo()
     _source(conninfo)
-    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
-    process.start()
-    try:
+    with _running(_settings(conninfo, tmp_path)) as process:
         _new_walsender(conninfo, None)
         process.dump_stacks()
         err = wait_until(lambda: (text := capfd.readouterr().err) and text, timeout=30)
         assert "most recent call first" in err and "receiver.py" in err, err
         assert process.is_alive()
-    finally:
-        process.stop()
-        process.join(60)
     assert process.error is None
 
 
@@ -287,9 +290,7 @@ def test_a_server_restart_mid_stream_is_ridden_out(
 ) -> None:
     conninfo = own_cluster.conninfo()
     _source(conninfo)
-    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
-    process.start()
-    try:
+    with _running(_settings(conninfo, tmp_path)) as process:
         with Workload(conninfo) as workload:
             workload.wait_for(30)
             old = _new_walsender(conninfo, None)
@@ -300,9 +301,6 @@ def test_a_server_restart_mid_stream_is_ridden_out(
         _new_walsender(conninfo, old)
         assert process.is_alive()
         _drain(process, conninfo)
-    finally:
-        process.stop()
-        process.join(60)
     attempts = _reconnections(caplog)
     assert len(attempts) >= 2, attempts
     assert any("ConnectionFailed" in line for line in attempts), attempts
@@ -335,17 +333,12 @@ def test_a_dropped_slot_ends_the_run_with_a_typed_error(
 ) -> None:
     conninfo = db.conninfo()
     _source(conninfo)
-    process = ReceiverProcess(_settings(conninfo, tmp_path, create_slot=create_slot), None)
-    process.start()
-    try:
+    with _running(_settings(conninfo, tmp_path, create_slot=create_slot)) as process:
         _new_walsender(conninfo, None)
         db.execute("INSERT INTO items VALUES (1, 'a', 0)")
         _until_dropped(conninfo, f"SELECT pg_drop_replication_slot('{SLOT}')")
         process.join(120)
         assert not process.is_alive()
-    finally:
-        process.stop()
-        process.join(60)
     # Never a new slot that would start after the changes made meanwhile.
     assert not db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
     assert isinstance(process.error, SlotNotFound), process.error
@@ -359,9 +352,7 @@ def test_a_slot_recreated_while_the_receiver_reconnects_ends_the_run_with_a_type
 ) -> None:
     conninfo = db.conninfo()
     _source(conninfo)
-    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
-    process.start()
-    try:
+    with _running(_settings(conninfo, tmp_path)) as process:
         _new_walsender(conninfo, None)
         db.execute("INSERT INTO items VALUES (1, 'a', 0)")
         _until_dropped(conninfo, f"SELECT pg_drop_replication_slot('{SLOT}')")
@@ -369,9 +360,6 @@ def test_a_slot_recreated_while_the_receiver_reconnects_ends_the_run_with_a_type
         db.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
         process.join(120)
         assert not process.is_alive()
-    finally:
-        process.stop()
-        process.join(60)
     assert isinstance(process.error, SlotReplaced), process.error
     assert "dropped and created again" in str(process.error)
     assert str(process.error).count("\n") == 0
@@ -384,17 +372,12 @@ def test_a_dropped_publication_ends_the_run_with_a_typed_error(
 ) -> None:
     conninfo = db.conninfo()
     _source(conninfo)
-    process = ReceiverProcess(_settings(conninfo, tmp_path), None)
-    process.start()
-    try:
+    with _running(_settings(conninfo, tmp_path)) as process:
         _new_walsender(conninfo, None)
         _until_dropped(conninfo, "DROP PUBLICATION pub")
         db.execute("INSERT INTO items VALUES (1, 'a', 0)")
         process.join(120)
         assert not process.is_alive()
-    finally:
-        process.stop()
-        process.join(60)
     assert isinstance(process.error, PublicationNotFound), process.error
     assert str(process.error).count("\n") == 0
     assert '"pub"' in str(process.error)
