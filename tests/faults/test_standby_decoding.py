@@ -240,11 +240,38 @@ def test_a_slot_on_the_standby_streams_what_a_slot_on_the_primary_streams(
     ]
 
 
-def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(tmp_path: Path) -> None:
-    """hot_standby_feedback off: the primary's VACUUM FULL of pg_class removes catalog rows
-    the standby's slot needs, and the standby invalidates the slot (rows_removed) while the
-    receiver streams from it."""
-    with _pair(embedded_installation(), hot_standby_feedback="off") as (primary, standby):
+def _remove_catalog_rows(primary: LocalCluster) -> None:
+    """With hot_standby_feedback off the primary's VACUUM FULL of pg_class removes catalog
+    rows the standby's slot needs: the standby invalidates it (rows_removed)."""
+    _execute(
+        primary.conninfo(),
+        "CREATE TABLE conflict (x int)",
+        "DROP TABLE conflict",
+        "VACUUM FULL pg_class",
+        "INSERT INTO accounts VALUES (2, 'after', 2)",  # flushes the VACUUM's WAL
+    )
+
+
+def _lower_wal_level(primary: LocalCluster) -> None:
+    """The primary restarted with wal_level = replica: the standby replays the parameter
+    change and invalidates every logical slot (wal_level_insufficient)."""
+    _execute(primary.conninfo(), "ALTER SYSTEM SET wal_level = replica")
+    primary.restart()
+
+
+@pytest.mark.parametrize(
+    ("reason", "feedback", "conflict", "advice"),
+    [
+        ("rows_removed", "off", _remove_catalog_rows, "hot_standby_feedback = on"),
+        ("wal_level_insufficient", "on", _lower_wal_level, "wal_level = logical on the primary"),
+    ],
+)
+def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(
+    tmp_path: Path, reason: str, feedback: str, conflict: Any, advice: str
+) -> None:
+    """The standby invalidates its slot while the receiver streams from it: the run ends
+    with SlotInvalidated naming the reason and the fix, and so does the next start."""
+    with _pair(embedded_installation(), hot_standby_feedback=feedback) as (primary, standby):
         settings = _settings(standby.conninfo(), tmp_path / "log", standby=True)
         with _standby_snapshots(primary):
             _create_slot(settings)
@@ -264,13 +291,7 @@ def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(tmp_path: 
             wait_until(lambda: _scalar(standby.conninfo(), active) == 1 or failure, timeout=60)
             assert not failure, failure
             _execute(primary.conninfo(), "INSERT INTO accounts VALUES (1, 'before', 1)")
-            _execute(
-                primary.conninfo(),
-                "CREATE TABLE conflict (x int)",
-                "DROP TABLE conflict",
-                "VACUUM FULL pg_class",
-                "INSERT INTO accounts VALUES (2, 'after', 2)",  # flushes the VACUUM's WAL
-            )
+            conflict(primary)
             runner.join(60)
             assert not runner.is_alive(), "the receiver went on streaming an invalidated slot"
         finally:
@@ -279,11 +300,11 @@ def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(tmp_path: 
         assert len(failure) == 1 and isinstance(failure[0], SlotInvalidated), failure
         message = str(failure[0])
         assert "\n" not in message
-        assert "while pgcdc streamed from it (rows_removed)" in message
-        assert "hot_standby_feedback = on" in message and "'sb'" in message
+        assert f"while pgcdc streamed from it ({reason})" in message
+        assert advice in message and "'sb'" in message
         assert "new initial snapshot" in message
         # The next start finds the slot invalidated before streaming, and says so, typed.
-        with pytest.raises(SlotInvalidated, match=r"invalidated \(rows_removed\).*start over"):
+        with pytest.raises(SlotInvalidated, match=rf"invalidated \({reason}\).*start over"):
             pipeline.receive(settings, None, None)
 
 
