@@ -23,6 +23,7 @@ import pytest
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
 from pgcdc.errors import (
+    InvalidOption,
     ServerIsStandby,
     SlotInvalidated,
     UnsupportedFeature,
@@ -37,8 +38,10 @@ from pgcdc.localpg import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.receiver import RetryPolicy
+from pgcdc.sinks import SinkKind, read_table
 from tests.cli.helpers import pgcdc
 from tests.conftest import TEST_SETTINGS
+from tests.faults.test_reconnect import spark  # noqa: F401 (the module's SparkSession fixture)
 
 PHYSICAL_SLOT = "standby1"
 SLOT = "sb"
@@ -353,3 +356,53 @@ def test_a_standby_before_postgresql_16_is_refused_typed(tmp_path: Path) -> None
         settings = _settings(standby.conninfo(), tmp_path / "log", standby=True)
         with pytest.raises(UnsupportedFeature, match="needs PostgreSQL 16 or later"):
             _create_slot(settings)
+
+
+def _lake_rows(lake: Path, table: str, columns: list[str]) -> set[tuple[Any, ...]]:
+    rows = read_table(lake / "public" / table / "mirror").select(columns).to_pylist()
+    return {tuple(None if r[c] is None else str(r[c]) for c in columns) for r in rows}
+
+
+def _source_table(primary: LocalCluster, query: str) -> set[tuple[Any, ...]]:
+    with psycopg.connect(primary.conninfo(), autocommit=True) as conn:
+        return {tuple(row) for row in conn.execute(query).fetchall()}
+
+
+def test_pipeline_run_once_on_a_standby_lands_the_source(
+    tmp_path: Path,
+    spark: Any,  # noqa: F811
+) -> None:
+    """``pipeline run --once`` against the standby: the initial snapshot taken there, then the
+    changes streamed up to what the standby had replayed at the start, land in Delta mirrors
+    equal to the primary's tables (TOAST left unchanged and rewritten included)."""
+    with _pair(embedded_installation()) as (primary, standby):
+        _execute(primary.conninfo(), *WORKLOAD[:4])
+        settings = pipeline.with_overrides(
+            _settings(standby.conninfo(), tmp_path / "log", standby=True, snapshot="initial"),
+            lake=str(tmp_path / "lake"),
+            checkpoint=str(tmp_path / "checkpoint"),
+            kinds=(SinkKind.MIRROR,),
+            master="local[2]",
+            trigger_interval=0.5,
+        )
+        with _standby_snapshots(primary):
+            _create_slot(settings)
+        _execute(primary.conninfo(), *WORKLOAD[4:])
+        end = LSN.parse(_scalar(primary.conninfo(), "SELECT pg_current_wal_lsn()::text"))
+        wait_until(lambda: _replayed_through(standby, end), timeout=60)
+        pipeline.run(settings, once=True, spark=spark)
+        accounts = _source_table(primary, "SELECT id::text, owner, balance::text FROM accounts")
+        docs = _source_table(primary, "SELECT name, body, n::text FROM docs")
+    assert _lake_rows(tmp_path / "lake", "accounts", ["id", "owner", "balance"]) == accounts
+    assert _lake_rows(tmp_path / "lake", "docs", ["name", "body", "n"]) == docs
+    assert ("doc1", "c4ca4238a0b923820dcc509a6f75849b" * 300, "1") in docs
+
+
+def test_the_opt_in_is_a_source_key_of_the_pipeline_file(tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text('[source]\nconninfo = "host=db"\nstandby = true\n')
+    assert pipeline.load(config, {}).standby
+    assert not pipeline.load(None, {"conninfo": "host=db"}).standby
+    config.write_text('[source]\nconninfo = "host=db"\nstandby = "yes"\n')
+    with pytest.raises(InvalidOption, match="standby"):
+        pipeline.load(config, {})
