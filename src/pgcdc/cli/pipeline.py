@@ -58,7 +58,7 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--decode-on-standby", dest="standby", action="store_const", const=True, default=None,
         help="the server may be a hot standby (PostgreSQL 16+; [source] standby = true): "
-        "decode there, writing nothing to the source; needs --snapshot never",
+        "decode there (the initial snapshot too), writing nothing to the source",
     )  # fmt: skip
     run.add_argument(
         "--snapshot", choices=("initial", "never"),
