@@ -39,7 +39,7 @@ from pgcdc.localpg import (
 from pgcdc.lsn import LSN
 from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import SinkKind, read_table
-from tests.cli.helpers import pgcdc
+from tests.cli.helpers import assert_one_line_error, pgcdc
 from tests.conftest import TEST_SETTINGS
 from tests.faults.test_reconnect import spark  # noqa: F401 (the module's SparkSession fixture)
 
@@ -195,6 +195,12 @@ def test_a_slot_on_the_standby_streams_what_a_slot_on_the_primary_streams(
         # Without the opt-in a standby is refused, as after an accidental failover.
         with pytest.raises(ServerIsStandby, match="standby = true"):
             _create_slot(pipeline.with_overrides(on_standby, standby=False))
+        command = ["pipeline", "run", "-d", standby.conninfo(), "--once", "--no-create-slot"]
+        refused = pgcdc(*command, cwd=tmp_path)
+        assert_one_line_error(refused, "is a standby", "standby = true")
+        # With --decode-on-standby the standby passes; the missing slot is what stops it.
+        accepted = pgcdc(*command, "--decode-on-standby", cwd=tmp_path)
+        assert_one_line_error(accepted, "does not exist")
         _create_slot(on_primary)
         with _standby_snapshots(primary):
             _create_slot(on_standby)
