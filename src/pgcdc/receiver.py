@@ -38,14 +38,17 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TypeVar
 
+import psycopg
 from psycopg._encodings import pg2pyenc
 from psycopg.conninfo import conninfo_to_dict
 
 from pgcdc import errors
-from pgcdc.connection import preflight
+from pgcdc.connection import preflight, server_errors
 from pgcdc.connection.catalog import TypeDescriber
+from pgcdc.connection.conninfo import connect
 from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
+from pgcdc.connection.sql import get_slot
 from pgcdc.decoding import Decoder
 from pgcdc.decoding.pgoutput import (
     LazyRows,
@@ -548,7 +551,11 @@ class Receiver:
         a slot dropped meanwhile is an error, never a new slot with a gap before it."""
         stop = stop if stop is not None else threading.Event()
         if retry is None:
-            return self._session(stop)
+            try:
+                return self._session(stop)
+            except errors.PgcdcError as error:
+                self._raise_if_invalidated(error)
+                raise
         backoff = Backoff(retry)
         clock = time.monotonic
         while True:
@@ -556,6 +563,7 @@ class Receiver:
             try:
                 return self._session(stop)
             except errors.PgcdcError as error:
+                self._raise_if_invalidated(error)
                 delay = backoff.failed(error, started, clock())
                 if delay is None or stop.is_set():
                     if (
@@ -571,6 +579,36 @@ class Receiver:
             if stop.wait(delay):
                 self._publish("stop")
                 return self.progress
+
+    def _raise_if_invalidated(self, error: errors.PgcdcError) -> None:
+        """A slot invalidated under a running stream ends the run as SlotInvalidated, naming
+        the slot and the catalog's reason. A standby's recovery conflict cancels the
+        walsender's stream with "canceling statement due to conflict with recovery" (SQLSTATE
+        40001) and a detail that names neither, so without this the run would end on a
+        ReplicationStreamError that does not say the slot is gone or what to do."""
+        if isinstance(error, errors.SlotInvalidated):
+            return  # found before streaming (preflight, START_REPLICATION): says so itself
+        if not isinstance(error.__cause__, errors.SlotInvalidated):
+            return
+        reason = self._invalidation_reason()
+        raise errors.SlotInvalidated(
+            f"replication slot {self.options.slot!r} was invalidated while pgcdc streamed "
+            f"from it ({reason or 'reason unknown'}): "
+            f"{server_errors.invalidation_cause(reason)}; what is stored is complete up to "
+            f"{LSN(self._durable)}, but the changes after that can no longer be streamed: drop "
+            "the slot, then start over with a new initial snapshot into a new destination (for "
+            f"pgcdc pipeline: a new change log, lake and checkpoint); the server said: "
+            f"{first_line(error)}"
+        ) from error
+
+    def _invalidation_reason(self) -> str | None:
+        """The slot's invalidation reason from the catalog, None when it cannot be read."""
+        try:
+            with connect(self.options.conninfo) as conn:
+                slot = get_slot(conn, self.options.slot)
+        except (errors.PgcdcError, psycopg.Error):
+            return None
+        return slot.invalidation_reason if slot is not None else None
 
     def _slot_lost(self, error: SlotNotFound) -> SlotNotFound:
         """The slot went away between sessions: say what that means for the data."""

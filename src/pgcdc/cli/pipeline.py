@@ -56,6 +56,11 @@ def register(subparsers: Any) -> None:
         "PostgreSQL 17+, which standbys with sync_replication_slots keep a copy of)",
     )  # fmt: skip
     run.add_argument(
+        "--decode-on-standby", dest="standby", action="store_const", const=True, default=None,
+        help="the server may be a hot standby (PostgreSQL 16+; [source] standby = true): "
+        "decode there (the initial snapshot too), writing nothing to the source",
+    )  # fmt: skip
+    run.add_argument(
         "--snapshot", choices=("initial", "never"),
         help="initial (default): a new slot starts with a consistent snapshot of the tables; "
         "never: only changes made after the slot was created",
@@ -98,6 +103,7 @@ def handle(args: argparse.Namespace) -> int:
             "publications": args.publications,
             "create_slot": args.create_slot,
             "failover": args.failover,
+            "standby": args.standby,
             "snapshot": args.snapshot,
             "snapshot_workers": args.snapshot_workers,
             "changelog": args.changelog,

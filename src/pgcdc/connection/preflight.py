@@ -137,9 +137,10 @@ def _check_slot(
     if existing.invalidated:
         raise errors.SlotInvalidated(
             f"replication slot {slot!r} has been invalidated ({existing.invalidation_reason}, "
-            f"wal_status {existing.wal_status!r}): the server removed WAL or catalog rows it "
-            f"needed, so changes have been lost to it; drop it ({drop}), recreate it and take "
-            "a new initial snapshot"
+            f"wal_status {existing.wal_status!r}): "
+            f"{server_errors.invalidation_cause(existing.invalidation_reason)}, so changes "
+            f"have been lost to it; drop it ({drop}), recreate it and take a new initial "
+            "snapshot"
         )
     if existing.active:
         pid = existing.active_pid

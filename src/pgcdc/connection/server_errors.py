@@ -45,6 +45,32 @@ _NO_REPLICATION_ATTRIBUTE = re.compile(
     re.IGNORECASE,
 )
 _WAL_SENDERS_EXHAUSTED = re.compile(r"max_wal_senders")
+# The stream of a slot that a standby's recovery invalidates is ended with "canceling
+# statement due to conflict with recovery" (40001) and this detail (errdetail_recovery_conflict,
+# seen on PostgreSQL 18): it names no slot and no reason.
+_RECOVERY_CONFLICT = "conflict with recovery"
+_SLOT_CONFLICT_DETAIL = "logical replication slot"
+
+# Why a slot was invalidated (pg_replication_slots.invalidation_reason, PostgreSQL 17+; 16 has
+# only the boolean ``conflicting``) and what keeps it from happening again.
+_INVALIDATION_CAUSES = {
+    "wal_removed": "the server removed WAL the slot still needed (max_slot_wal_keep_size)",
+    "rows_removed": (
+        "a recovery conflict on the standby: the primary removed catalog rows the slot still "
+        "needed; keep hot_standby_feedback = on on the standby, with primary_slot_name naming "
+        "a physical slot on the primary, so that the primary keeps them"
+    ),
+    "wal_level_insufficient": (
+        "a recovery conflict on the standby: the primary's wal_level was lowered below "
+        "logical; keep wal_level = logical on the primary"
+    ),
+    "idle_timeout": "the slot was idle longer than idle_replication_slot_timeout",
+    "conflicting": (
+        "a recovery conflict on the standby: the primary removed catalog rows the slot needed "
+        "(keep hot_standby_feedback = on and primary_slot_name on the standby) or its "
+        "wal_level was lowered below logical"
+    ),
+}
 
 
 def translate(
@@ -129,6 +155,15 @@ def translate(
             f'{message}; create it with CREATE PUBLICATION "{publication.group(1)}" FOR ALL '
             "TABLES (or FOR TABLE ...), or pass the name of an existing one"
         )
+    if _RECOVERY_CONFLICT in message and _SLOT_CONFLICT_DETAIL in (detail or ""):
+        return errors.SlotInvalidated(
+            f"{message} ({detail}): the standby invalidated the replication slot this session "
+            "streamed from, so the changes after what was stored can no longer be streamed; "
+            "the slot's invalidation_reason (pgcdc slots) says why: rows_removed (keep "
+            "hot_standby_feedback = on and primary_slot_name on the standby) or "
+            "wal_level_insufficient (keep wal_level = logical on the primary); drop the slot, "
+            "recreate it, then take a new initial snapshot"
+        )
     if slot and ("invalidated" in text or "can no longer" in message):
         return errors.SlotInvalidated(
             f"{message}"
@@ -147,6 +182,14 @@ def translate(
             detail=detail,
         )
     return errors.ServerError(message, sqlstate=sqlstate, detail=detail)
+
+
+def invalidation_cause(reason: str | None) -> str:
+    """What invalidated a slot, and how to keep it from happening again, for an error message:
+    the fix differs between a primary (WAL kept) and a standby (a recovery conflict)."""
+    if reason is None:
+        return "the server removed WAL or catalog rows it needed"
+    return _INVALIDATION_CAUSES.get(reason, f"invalidation_reason {reason!r}")
 
 
 def from_psycopg(error: psycopg.Error) -> errors.PgcdcError:

@@ -11,6 +11,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     failover = true               # a new slot is a failover slot (PostgreSQL 17+)
     snapshot = "initial"          # or "never"
     snapshot_workers = 4
+    standby = false               # true: decode on a hot standby (PostgreSQL 16+), read-only
     receive_timeout = 60.0        # seconds of silence before the connection counts as lost
 
     [paths]
@@ -50,6 +51,7 @@ from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection import server_errors
 from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.conninfo import connect, normalize
+from pgcdc.connection.preflight import LOGICAL_DECODING_ON_STANDBY
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.sql import create_logical_slot, drop_slot, get_slot
 from pgcdc.connection.standby import in_recovery
@@ -59,7 +61,9 @@ from pgcdc.errors import (
     PipelineQueryError,
     ServerIsStandby,
     SlotNotFound,
+    StatementTimedOut,
     StorageError,
+    UnsupportedFeature,
 )
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.origin import (
@@ -147,6 +151,9 @@ class Settings:
     # Seconds of silence on the replication connection before it counts as lost and is
     # replaced (a network partition leaves the socket open); 0 waits for ever.
     receive_timeout: float = DEFAULT_RECEIVE_TIMEOUT
+    # Decode on a hot standby (PostgreSQL 16+): the server may be in recovery. Off by default
+    # so that a multi-host conninfo never streams from a standby by accident after a failover.
+    standby: bool = False
 
     def pipeline(self) -> PipelineConfig:
         from pgcdc.spark.pipeline import PipelineConfig
@@ -190,6 +197,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "binary": ("source", "binary", bool),
     "two_phase": ("source", "two_phase", bool),
     "receive_timeout": ("source", "receive_timeout", (int, float)),
+    "standby": ("source", "standby", bool),
     "changelog": ("paths", "changelog", str),
     "lake": ("paths", "lake", str),
     "checkpoint": ("paths", "checkpoint", str),
@@ -377,37 +385,58 @@ def missing_slot(settings: Settings) -> SlotNotFound:
     )
 
 
-def refuse_standby(conn: Any) -> None:
-    """The pipeline streams from the primary: a standby reached (libpq takes the first host
-    that answers unless target_session_attrs says otherwise) is a ServerIsStandby, which the
-    receiver retries (a promotion makes it the primary)."""
-    if in_recovery(conn):
+def refuse_standby(conn: Any, *, allowed: bool = False) -> bool:
+    """Whether the server is a standby. Unless ``allowed`` (``standby = true``), a standby
+    reached (libpq takes the first host that answers unless target_session_attrs says
+    otherwise) is a ServerIsStandby, which the receiver retries (a promotion makes it the
+    primary); allowed, it must be PostgreSQL 16+, the first to decode in recovery. A primary
+    is accepted either way: a standby decoded on may be promoted, and its slot goes on."""
+    standby = in_recovery(conn)
+    if standby and not allowed:
         raise ServerIsStandby(
             f"the server at {conn.info.host}:{conn.info.port} is a standby (in recovery), and "
             "the pipeline streams from the primary; name every server in the conninfo with "
             "target_session_attrs=primary (host=a,b ... target_session_attrs=primary) so that "
-            "libpq picks the primary"
+            "libpq picks the primary, or set [source] standby = true to decode on this standby "
+            "(PostgreSQL 16+, see docs/ha.md)"
         )
+    if standby and conn.info.server_version < LOGICAL_DECODING_ON_STANDBY:
+        version = conn.info.server_version
+        raise UnsupportedFeature(
+            f"the server at {conn.info.host}:{conn.info.port} is a standby running PostgreSQL "
+            f"{version // 10000}, and logical decoding on a standby needs PostgreSQL 16 or "
+            "later: upgrade the standby and its primary to 16+, or decode on the primary "
+            "(standby = false, a conninfo with target_session_attrs=primary)"
+        )
+    return standby
 
 
 def _start_checks(settings: Settings) -> LSN:
     """Before anything starts: the server answers, the slot is there unless it may be created.
     Returns the server's current WAL position (what ``--once`` drains up to)."""
     with connect(settings.conninfo) as conn:
-        refuse_standby(conn)
+        refuse_standby(conn, allowed=settings.standby)
         if not settings.create_slot and get_slot(conn, settings.slot) is None:
             raise missing_slot(settings)
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        return _wal_end(conn)
+
+
+def _wal_end(conn: Any) -> LSN:
+    """The WAL position a slot can be decoded up to now: the primary's insert position, or
+    on a standby what it has replayed (it has no insert position of its own)."""
+    row = conn.execute(
+        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+        "ELSE pg_current_wal_lsn() END)::text"
+    ).fetchone()
     assert row is not None
     return LSN.parse(row[0])
 
 
 def current_wal_lsn(conninfo: str) -> LSN:
-    """The server's current WAL insert position: what ``--once`` drains up to."""
+    """The server's current WAL position (replayed, on a standby): what ``--once`` drains up
+    to."""
     with connect(conninfo) as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    assert row is not None
-    return LSN.parse(row[0])
+        return _wal_end(conn)
 
 
 def receive(
@@ -452,7 +481,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     writer.flush()  # what the last session appended counts as held (log_end below)
     server = server_timeline(settings.conninfo, origin.timeline if origin else None)
     with server_errors.translated(), connect(settings.conninfo) as conn:
-        refuse_standby(conn)
+        standby = refuse_standby(conn, allowed=settings.standby)
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
         if fresh and slot is not None and snapshot_pending(root, settings.storage) == settings.slot:
@@ -487,12 +516,11 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
         elif not settings.create_slot:
             raise missing_slot(settings)
         elif settings.snapshot != "initial":
-            failover = settings.failover and supports_failover(conn.info.server_version)
-            start = create_logical_slot(conn, settings.slot, "pgoutput", failover=failover)
+            start = _create_slot(conn, settings, standby=standby)
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
         mark_snapshot_pending(root, settings.slot, settings.storage)
-        result = initial_snapshot(settings, writer)
+        result = initial_snapshot(settings, writer, standby=standby)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
@@ -501,6 +529,39 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
         save_origin(root, origin, settings.storage)
         clear_snapshot_pending(root, settings.storage)
     return origin
+
+
+def _creating_on_standby(settings: Settings) -> None:
+    """Creating a slot on a standby waits for the primary to log its running transactions:
+    pgcdc writes nothing to the source, so on an idle primary someone must run
+    pg_log_standby_snapshot() there. Said before the wait, which may be long."""
+    log.warning(
+        "creating slot %s on a standby: this waits until the primary logs its running "
+        "transactions (every 15 s while it writes; on an idle primary run SELECT "
+        "pg_log_standby_snapshot() on the primary)",
+        settings.slot,
+    )
+
+
+def _create_slot(conn: Any, settings: Settings, *, standby: bool) -> LSN:
+    """Create the pipeline's slot (without a snapshot); returns its consistent point. On a
+    standby it is never a failover slot: the server refuses one created in recovery."""
+    failover = settings.failover and supports_failover(conn.info.server_version)
+    if standby:
+        failover = False
+        _creating_on_standby(settings)
+    try:
+        return create_logical_slot(conn, settings.slot, "pgoutput", failover=failover)
+    except StatementTimedOut as error:
+        if not standby:
+            raise
+        # Retried by the receiver (a timeout is transient), one log line per attempt.
+        raise StatementTimedOut(
+            f"creating slot {settings.slot!r} on the standby waited longer than "
+            "statement_timeout for the primary to log its running transactions; run SELECT "
+            "pg_log_standby_snapshot() on the primary (or let it write)",
+            sqlstate=error.sqlstate,
+        ) from error
 
 
 def server_timeline(conninfo: str, known_timeline: int | None) -> ServerTimeline:
@@ -518,15 +579,21 @@ def server_timeline(conninfo: str, known_timeline: int | None) -> ServerTimeline
     return ServerTimeline(identity.system_id, identity.timeline, switchpoints)
 
 
-def initial_snapshot(settings: Settings, writer: ChangeLogWriter) -> SnapshotResult:
-    """Create the slot and snapshot the published tables into the (empty) change log."""
+def initial_snapshot(
+    settings: Settings, writer: ChangeLogWriter, *, standby: bool = False
+) -> SnapshotResult:
+    """Create the slot and snapshot the published tables into the (empty) change log. On a
+    standby the slot exports its snapshot as on a primary (PostgreSQL 16+), the workers
+    import it there, and the slot is not a failover slot (refused in recovery)."""
+    if standby:
+        _creating_on_standby(settings)
     result = take_snapshot(
         settings.conninfo,
         slot=settings.slot,
         sink=writer,
         publications=settings.publications,
         workers=settings.snapshot_workers,
-        failover=settings.failover,
+        failover=settings.failover and not standby,
     )
     writer.flush()
     log.info(

@@ -39,6 +39,7 @@ import pyarrow.fs as pafs
 
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.segments import puts_whole
+from pgcdc.connection.server_errors import invalidation_cause
 from pgcdc.connection.sql import SlotInfo
 from pgcdc.errors import (
     ChangeLogError,
@@ -296,10 +297,9 @@ def verify(
         )
     if slot.invalidated:
         raise SlotInvalidated(
-            f"replication slot {name!r} was invalidated ({slot.invalidation_reason}): the server "
-            f"removed WAL or catalog rows it needed (max_slot_wal_keep_size, or a recovery "
-            f"conflict on a standby), so the changes after {log_end}, where this change log "
-            f"ends, can no longer be streamed; {_start_over(name)}"
+            f"replication slot {name!r} was invalidated ({slot.invalidation_reason}): "
+            f"{invalidation_cause(slot.invalidation_reason)}, so the changes after {log_end}, "
+            f"where this change log ends, can no longer be streamed; {_start_over(name)}"
         )
     confirmed = slot.confirmed_flush_lsn
     bound = origin.confirmed_bound if origin is not None else log_end
