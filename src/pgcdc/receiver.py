@@ -775,7 +775,7 @@ class Receiver:
         ``_loop``."""
         lsn = message.data_start
         policy = self._policy
-        if policy.message(lsn) is not None:
+        if lsn >= policy.watch_from and policy.message(lsn) is not None:
             return True  # commits after end_lsn start here; leave them unread
         payload = message.payload
         size = len(payload)
@@ -789,7 +789,7 @@ class Receiver:
         for event in events:
             for txn in feed(event, size):
                 self._store(txn)
-        return policy.message_done(lsn) is not None
+        return lsn >= policy.watch_from and policy.message_done(lsn) is not None
 
     def _store(self, txn: CommittedTransaction) -> None:
         sink = self.sink
