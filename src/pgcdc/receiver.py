@@ -21,6 +21,10 @@ once:
   pure policy (a failure and the clock in, a delay or "give up" out), so it is tested without
   a server; the loop around it only connects, waits and logs. Each new session resumes from
   the slot's confirmed position and the dedupe above drops what the sink already holds.
+
+The decisions above (when to flush, what to confirm, when ``end_lsn`` stops the stream) are
+made by a ``ReplicationSession`` (pgcdc.transactions.session), which does no IO and is tested
+without a server; the loop here reads, decodes, stores, flushes and confirms as it answers.
 """
 
 from __future__ import annotations
@@ -72,9 +76,11 @@ from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions import (
     AssemblyOptions,
     CommittedTransaction,
+    ReplicationSession,
     TransactionAssembler,
     TransactionSink,
 )
+from pgcdc.transactions.session import Flush, Stop
 
 __all__ = [
     "DEFAULT_RECEIVE_TIMEOUT",
@@ -439,15 +445,12 @@ class Receiver:
         self._changes = 0
         self._bytes = 0
         self._duplicates = 0
-        self._durable = INVALID_LSN
-        self._unflushed = False
-        # Keepalive wal_end seen while the assembler held nothing: every transaction that
-        # commits before it has been received.
-        self._idle_lsn = INVALID_LSN
-        # How far this session's stream has demonstrably got: the end of every transaction it
-        # completed and every keepalive's wal_end. Confirms never pass it (see _confirm).
-        self._seen_lsn = INVALID_LSN
-        self._next_flush = 0.0
+        # The decisions (flush clock, confirm targets, end_lsn), kept apart from the IO here.
+        self._policy = ReplicationSession(
+            fsync_interval=options.fsync_interval,
+            end_lsn=options.end_lsn,
+            max_wait=STOP_CHECK_SECONDS,
+        )
         self._stream: ReplicationStream | None = None
         self._assembler: TransactionAssembler | None = None
         self._types = TypeDescriber(
@@ -612,9 +615,10 @@ class Receiver:
 
     def _slot_lost(self, error: SlotNotFound) -> SlotNotFound:
         """The slot went away between sessions: say what that means for the data."""
+        durable = LSN(self._policy.durable_lsn)
         return SlotNotFound(
             f"replication slot {self.options.slot!r} was dropped while pgcdc streamed from it "
-            f"({first_line(error)}): what is stored is complete up to {LSN(self._durable)}, "
+            f"({first_line(error)}): what is stored is complete up to {durable}, "
             "but the changes after that are gone with the slot, and a new slot would start "
             "after a gap; start over with a new initial snapshot into a new destination (for "
             "pgcdc pipeline: a new change log, lake and checkpoint)"
@@ -630,8 +634,7 @@ class Receiver:
         stopped_by: str | None = None
         try:
             plugin_options, decoder = self._plugin(conn)
-            self._durable = self.sink.flush()
-            self._seen_lsn = INVALID_LSN
+            self._policy.resume(self.sink.flush())
             with TransactionAssembler(
                 options.assembly, stored_through=self.sink.last_commit_lsn
             ) as assembler:
@@ -690,7 +693,10 @@ class Receiver:
         assembler: TransactionAssembler,
         stop: threading.Event,
     ) -> str:
-        end_lsn = self.options.end_lsn
+        policy = self._policy
+        # LSNs below this never stop the stream: the policy is asked only from there on.
+        watch_from = policy.watch_from
+        message_done = policy.message_done
         read_many = stream.read_many
         clock = time.monotonic
         # pgoutput's decoder is called directly (one event per message); others go via _xlog.
@@ -710,26 +716,26 @@ class Receiver:
         run_lsns: list[LSN] = []
         run_rows: list[bytes] = []
         run_size = 0
-        self._next_flush = clock() + self.options.fsync_interval
+        policy.streaming(clock())
         while True:
             if stop.is_set():
                 return "stop"
             now = clock()
-            if self._unflushed and now >= self._next_flush:
+            wait = policy.tick(now)
+            if isinstance(wait, Flush):
                 self._flush()
-            wait = STOP_CHECK_SECONDS
-            if self._unflushed:
-                wait = min(wait, max(self._next_flush - now, 0.0))
+                wait = policy.tick(now)
+                assert not isinstance(wait, Flush)  # flushed just now
             # Messages already received are handled in a batch; stop and the flush clock are
             # looked at between batches.
             for message in read_many(wait, BURST_MESSAGES):
                 if type(message) is XLogData:
                     if decode_one is None:
-                        if self._xlog(message, decoder, assembler, end_lsn):
+                        if self._xlog(message, decoder, assembler):
                             return "end_lsn"
                         continue
                     lsn = message.data_start
-                    if end_lsn is not None and lsn > end_lsn:
+                    if lsn >= watch_from and policy.message(lsn) is not None:
                         return "end_lsn"  # commits after end_lsn start here; leave them unread
                     payload = message.payload
                     size = len(payload)
@@ -746,7 +752,7 @@ class Receiver:
                             run_lsns.append(lsn)
                             run_rows.append(payload[_RUN_ROW_START:])
                             run_size += size
-                            if end_lsn is not None and lsn >= end_lsn:
+                            if lsn >= watch_from and message_done(lsn) is not None:
                                 return "end_lsn"
                             continue
                         run = RowRun(run_first, run_lsns, run_rows) if run_rows else run_first
@@ -764,7 +770,7 @@ class Receiver:
                         run_first = event
                         run_prefix = bytes(payload[: _RUN_ROW_START + 2])
                         run_lsns, run_rows, run_size = [], [], size
-                        if end_lsn is not None and lsn >= end_lsn:
+                        if lsn >= watch_from and message_done(lsn) is not None:
                             return "end_lsn"
                         continue
                     if type(event) is Type:  # rare: complete it from pg_type
@@ -781,18 +787,19 @@ class Receiver:
                     if completed:
                         for txn in completed:
                             store(txn)
-                    if end_lsn is not None and lsn >= end_lsn:
+                    if lsn >= watch_from and message_done(lsn) is not None:
                         return "end_lsn"
                 else:
                     # A keepalive: the server has sent everything before wal_end.
-                    wal_end = message.wal_end
-                    self._seen_lsn = max(self._seen_lsn, wal_end)
-                    if assembler.pending_transactions == 0 and wal_end > self._idle_lsn:
-                        self._idle_lsn = wal_end
-                        if not self._unflushed:
-                            self._confirm()
-                    if end_lsn is not None and wal_end >= end_lsn:
-                        return "end_lsn"
+                    for action in policy.keepalive(
+                        message.wal_end,
+                        assembler.pending_transactions,
+                        assembler.oldest_pending_lsn,
+                        stream.confirmed_lsn,
+                    ):
+                        if isinstance(action, Stop):
+                            return action.reason
+                        self._send_confirm(action.lsn)
                     self._publish(None)
 
     def _xlog(
@@ -800,13 +807,13 @@ class Receiver:
         message: XLogData,
         decoder: Decoder,
         assembler: TransactionAssembler,
-        end_lsn: LSN | None,
     ) -> bool:
         """Decode, assemble and store one message of a decoder that may give several events
         (test_decoding); True when ``end_lsn`` has been reached. pgoutput's path is inlined in
         ``_loop``."""
         lsn = message.data_start
-        if end_lsn is not None and lsn > end_lsn:
+        policy = self._policy
+        if lsn >= policy.watch_from and policy.message(lsn) is not None:
             return True  # commits after end_lsn start here; leave them unread
         payload = message.payload
         size = len(payload)
@@ -820,12 +827,12 @@ class Receiver:
         for event in events:
             for txn in feed(event, size):
                 self._store(txn)
-        return end_lsn is not None and lsn >= end_lsn
+        return lsn >= policy.watch_from and policy.message_done(lsn) is not None
 
     def _store(self, txn: CommittedTransaction) -> None:
         sink = self.sink
-        self._seen_lsn = max(self._seen_lsn, txn.end_lsn)
         if txn.commit_lsn <= sink.last_commit_lsn:
+            self._policy.transaction_dropped(txn.end_lsn)
             self._drop(txn)
             return
         events = txn.events
@@ -848,13 +855,19 @@ class Receiver:
         else:
             counter = [0]
             txn = replace(txn, events=_counted(events, counter))
-        if not sink.append(txn):
+        try:
+            appended = sink.append(txn)
+        except BaseException:
+            # The stream has still shown it: confirms may reach its end once durable.
+            self._policy.transaction_dropped(txn.end_lsn)
+            raise
+        if not appended:
+            self._policy.transaction_dropped(txn.end_lsn)
             self._drop(txn)
             return
         self._transactions += 1
         self._changes += count if counter is None else counter[0]
-        self._unflushed = True
-        if self.options.fsync_interval == 0:
+        if self._policy.transaction_stored(txn.end_lsn) is not None:
             self._flush()
 
     def _drop(self, txn: CommittedTransaction) -> None:
@@ -864,9 +877,7 @@ class Receiver:
             close()  # a spilled transaction's file
 
     def _flush(self) -> None:
-        self._durable = self.sink.flush()
-        self._unflushed = False
-        self._next_flush = time.monotonic() + self.options.fsync_interval
+        self._policy.flushed(self.sink.flush(), time.monotonic())
         self._confirm()
         self._publish(None)
 
@@ -874,8 +885,7 @@ class Receiver:
         """On the way out after an error: keep what was received (its transactions are whole),
         and tell the server if the stream still works; the original error wins."""
         try:
-            self._durable = self.sink.flush()
-            self._unflushed = False
+            self._policy.flushed(self.sink.flush(), time.monotonic())
             stream = self._stream
             if stream is not None and not stream.ended:
                 self._confirm()
@@ -888,21 +898,18 @@ class Receiver:
         assembler = self._assembler
         if stream is None or assembler is None or stream.ended:
             return
-        target = self._durable
-        oldest = assembler.oldest_pending_lsn
-        if oldest is not None:
-            target = min(target, oldest)
-        elif not self._unflushed and self._idle_lsn > target:
-            target = self._idle_lsn
-        # After a restart the log's durable end can lie past a transaction prepared before it
-        # and settled after it, which the server replays only while the slot is confirmed
-        # before its PREPARE. Until the stream has passed that end again the transaction may
-        # not have arrived (and be held) yet, so never confirm beyond what the stream has shown.
-        target = min(target, self._seen_lsn)
-        if target > stream.confirmed_lsn:
-            if self.on_confirm is not None:
-                self.on_confirm(LSN(target))
-            stream.confirm(LSN(target))
+        action = self._policy.confirm(assembler.oldest_pending_lsn, stream.confirmed_lsn)
+        if action is not None:
+            self._send_confirm(action.lsn)
+
+    def _send_confirm(self, lsn: LSN) -> None:
+        """Perform a ``Confirm``: the pipeline records it first, then the server is told."""
+        stream = self._stream
+        if stream is None or stream.ended:
+            return
+        if self.on_confirm is not None:
+            self.on_confirm(lsn)
+        stream.confirm(lsn)
 
     def _publish(self, stopped_by: str | None) -> None:
         stream = self._stream
@@ -911,7 +918,7 @@ class Receiver:
             changes=self._changes,
             bytes_received=self._bytes,
             duplicates=self._duplicates,
-            durable_lsn=LSN(self._durable),
+            durable_lsn=LSN(self._policy.durable_lsn),
             confirmed_lsn=stream.confirmed_lsn
             if stream is not None
             else self.progress.confirmed_lsn,
