@@ -1,0 +1,159 @@
+"""``pgcdc pipeline run --once --master spark://...`` against a real Spark standalone cluster
+(a master and two workers, ``tests/spark/cluster.py``) on PostgreSQL 18: the change log's
+partitions are read in executors' Python workers, started by the worker JVMs, and the lake
+still equals the source."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.cli.main import main
+from pgcdc.sinks import SinkKind, read_table
+from tests.conftest import Database
+
+from .cluster import StandaloneCluster, spark_cluster
+from .helpers import sort_rows
+
+__all__ = ["spark_cluster"]  # the fixture, imported to be used here
+
+TABLES = ("public.accounts", "public.orders")
+
+
+def _source_rows(db: Database, table: str) -> tuple[list[str], list[dict[str, Any]]]:
+    with db.connect() as conn:
+        cursor = conn.execute(f"SELECT * FROM {table}")
+        assert cursor.description is not None
+        columns = [d.name for d in cursor.description]
+        return columns, sort_rows([dict(zip(columns, r, strict=True)) for r in cursor])
+
+
+def _lake_table(lake: Path, table: str, kind: SinkKind) -> Any:
+    schema, name = table.split(".")
+    return read_table(lake / schema / name / kind.value)
+
+
+def _config(db: Database, cluster: StandaloneCluster, tmp_path: Path, events: Path) -> Path:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        f"""
+[source]
+conninfo = "{db.conninfo()}"
+slot = "standalone"
+publications = ["cdc"]
+snapshot_workers = 2
+
+[paths]
+changelog = "{tmp_path / "log"}"
+lake = "{tmp_path / "lake"}"
+checkpoint = "{tmp_path / "checkpoint"}"
+
+[tables]
+kinds = ["changelog", "mirror"]
+
+[spark]
+master = "{cluster.url}"
+
+[spark.conf]
+"spark.driver.host" = "127.0.0.1"
+"spark.driver.bindAddress" = "127.0.0.1"
+"spark.executor.memory" = "512m"
+"spark.eventLog.enabled" = "true"
+"spark.eventLog.dir" = "{events}"
+"spark.eventLog.compress" = "false"
+"spark.eventLog.rolling.enabled" = "false"
+"""
+    )
+    return config
+
+
+def _scan_records_by_executor(events: Path) -> Counter[str]:
+    """Records the pgcdc scan (``MicroBatchScan`` over a ``DataSourceRDD``) returned, per
+    executor id, from Spark's own event logs (one per application: per ``pipeline run``)."""
+    records: Counter[str] = Counter()
+    for log in sorted(p for p in events.rglob("*") if p.is_file()):
+        scan_stages: set[int] = set()
+        tasks: list[tuple[int, str, int]] = []
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] == "SparkListenerStageCompleted":
+                stage = event["Stage Info"]
+                if any(
+                    rdd["Name"] == "DataSourceRDD" and "MicroBatchScan" in rdd.get("Scope", "")
+                    for rdd in stage["RDD Info"]
+                ):
+                    scan_stages.add(stage["Stage ID"])
+            elif event["Event"] == "SparkListenerTaskEnd":
+                read = event["Task Metrics"]["Input Metrics"]["Records Read"]
+                tasks.append((event["Stage ID"], event["Task Info"]["Executor ID"], read))
+        for stage_id, executor, read in tasks:
+            if stage_id in scan_stages:
+                records[executor] += read
+    return records
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_pipeline_on_a_standalone_cluster_reads_in_executors(
+    db: Database, tmp_path: Path, spark_cluster: StandaloneCluster
+) -> None:
+    db.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance numeric(12, 2))")
+    db.execute("CREATE TABLE orders (region text, id bigint, qty int, PRIMARY KEY (region, id))")
+    db.execute(
+        "INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 FROM generate_series(1, 200) g"
+    )
+    db.execute("INSERT INTO orders SELECT 'N', g, g % 7 FROM generate_series(1, 100) g")
+    db.execute("CREATE PUBLICATION cdc FOR TABLE accounts, orders")
+    events = tmp_path / "events"
+    events.mkdir()
+    argv = ["pipeline", "run", "--config", str(_config(db, spark_cluster, tmp_path, events))]
+    argv.append("--once")
+
+    # First run: the initial snapshot (500 rows of the two tables) through the change log.
+    assert main(argv) == 0
+    # Second run: inserts, updates (a key update too) and deletes through the slot.
+    with db.connect() as conn:
+        for i in range(20):
+            with conn.transaction():
+                conn.execute("INSERT INTO accounts VALUES (%s, %s, %s)", (1000 + i, f"new {i}", i))
+                conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id %% 20 = %s", (i,))
+                conn.execute("INSERT INTO orders VALUES ('S', %s, %s)", (1000 + i, i))
+                conn.execute("DELETE FROM orders WHERE region = 'N' AND id = %s", (i * 3 + 1,))
+        conn.execute("UPDATE orders SET region = 'E' WHERE region = 'S' AND id < 1005")
+        conn.execute("DELETE FROM accounts WHERE id BETWEEN 50 AND 59")
+    assert main(argv) == 0
+
+    lake = tmp_path / "lake"
+    for table in TABLES:
+        columns, expected = _source_rows(db, table)
+        assert expected, table
+        mirror = sort_rows(_lake_table(lake, table, SinkKind.MIRROR).select(columns).to_pylist())
+        assert mirror == expected, table
+
+    # Every change once: (commit, seq) unique, and the counts per operation are the workload's.
+    ops: dict[str, Counter[str]] = {}
+    for table in TABLES:
+        changelog = _lake_table(lake, table, SinkKind.CHANGELOG)
+        positions = list(
+            zip(
+                changelog.column("_commit_lsn").to_pylist(),
+                changelog.column("_seq").to_pylist(),
+                strict=True,
+            )
+        )
+        assert len(positions) == len(set(positions)), table
+        ops[table] = Counter(changelog.column("_op").to_pylist())
+    # accounts: 200 snapshot rows + 20 inserts; update i hits ids 1..200 with id % 20 = i
+    # (10) and the new row 1000 + i (1): 220 updates; 10 deletes.
+    assert ops["public.accounts"] == Counter({"insert": 220, "update": 220, "delete": 10})
+    # orders: 100 snapshot + 20 inserts, 20 deletes, 5 key updates.
+    assert ops["public.orders"] == Counter({"insert": 120, "delete": 20, "update": 5})
+
+    # The change log's chunks were read by executors "0" and "1" (the workers' JVMs, never
+    # "driver", where a local master runs its tasks), per Spark's event logs of both runs.
+    records = _scan_records_by_executor(events)
+    assert sum(records.values()) > 0, records
+    assert set(records) <= {"0", "1"}, records
