@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,10 +93,15 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 
 @contextlib.contextmanager
 def standalone_cluster(
-    folder: Path, workers: int = 2, memory: str = "1g", timeout: float = 90
+    folder: Path,
+    workers: int = 2,
+    memory: str = "1g",
+    timeout: float = 90,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[StandaloneCluster]:
     """Start a master and ``workers`` one-core workers on loopback, wait until every worker
-    registered, and stop them all on exit."""
+    registered, and stop them all on exit. ``env`` is added to the JVMs' environment, which
+    their executors and Python workers inherit (not the driver's)."""
     folder.mkdir(parents=True, exist_ok=True)
     work_dir = folder / "work"
     log_dir = folder / "logs"
@@ -108,6 +113,7 @@ def standalone_cluster(
         "SPARK_WORKER_DIR": str(work_dir),
         "SPARK_LOG_DIR": str(log_dir),
         "SPARK_NO_DAEMONIZE": "1",
+        **(env or {}),
     }
     # A SPARK_HOME naming another Spark would make spark-class run that Spark's jars.
     env.pop("SPARK_HOME", None)
