@@ -32,12 +32,25 @@ def _source_rows(db: Database, table: str) -> tuple[list[str], list[dict[str, An
         return columns, sort_rows([dict(zip(columns, r, strict=True)) for r in cursor])
 
 
-def _lake_table(lake: Path, table: str, kind: SinkKind) -> Any:
+def _lake_table(lake: str, table: str, kind: SinkKind, options: dict[str, str] | None) -> Any:
     schema, name = table.split(".")
-    return read_table(lake / schema / name / kind.value)
+    return read_table(f"{lake}/{schema}/{name}/{kind.value}", storage_options=options)
 
 
-def _config(db: Database, cluster: StandaloneCluster, tmp_path: Path, events: Path) -> Path:
+def _config(
+    db: Database,
+    cluster: StandaloneCluster,
+    tmp_path: Path,
+    events: Path,
+    paths: tuple[str, str],
+    *,
+    storage_options: dict[str, str] | None,
+) -> Path:
+    changelog, lake = paths
+    options = ""
+    if storage_options:
+        inline = ", ".join(f'{key} = "{value}"' for key, value in storage_options.items())
+        options = f"storage_options = {{ {inline} }}"
     config = tmp_path / "pipeline.toml"
     config.write_text(
         f"""
@@ -48,9 +61,10 @@ publications = ["cdc"]
 snapshot_workers = 2
 
 [paths]
-changelog = "{tmp_path / "log"}"
-lake = "{tmp_path / "lake"}"
+changelog = "{changelog}"
+lake = "{lake}"
 checkpoint = "{tmp_path / "checkpoint"}"
+{options}
 
 [tables]
 kinds = ["changelog", "mirror"]
@@ -96,10 +110,17 @@ def _scan_records_by_executor(events: Path) -> Counter[str]:
     return records
 
 
-@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
-def test_pipeline_on_a_standalone_cluster_reads_in_executors(
-    db: Database, tmp_path: Path, spark_cluster: StandaloneCluster
+def check_pipeline_on_cluster(
+    db: Database,
+    cluster: StandaloneCluster,
+    tmp_path: Path,
+    paths: tuple[str, str],
+    storage_options: dict[str, str] | None = None,
 ) -> None:
+    """Two ``pipeline run --once`` on ``cluster`` (the initial snapshot, then a workload of
+    inserts, updates and deletes on two tables) with the change log and lake at ``paths``;
+    the mirrors equal the source, the changelogs hold every change once, and executors (not
+    the driver) read the change log. Shared with the S3 variant (tests/storage)."""
     db.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance numeric(12, 2))")
     db.execute("CREATE TABLE orders (region text, id bigint, qty int, PRIMARY KEY (region, id))")
     db.execute(
@@ -109,7 +130,8 @@ def test_pipeline_on_a_standalone_cluster_reads_in_executors(
     db.execute("CREATE PUBLICATION cdc FOR TABLE accounts, orders")
     events = tmp_path / "events"
     events.mkdir()
-    argv = ["pipeline", "run", "--config", str(_config(db, spark_cluster, tmp_path, events))]
+    config = _config(db, cluster, tmp_path, events, paths, storage_options=storage_options)
+    argv = ["pipeline", "run", "--config", str(config)]
     argv.append("--once")
 
     # First run: the initial snapshot (500 rows of the two tables) through the change log.
@@ -126,17 +148,19 @@ def test_pipeline_on_a_standalone_cluster_reads_in_executors(
         conn.execute("DELETE FROM accounts WHERE id BETWEEN 50 AND 59")
     assert main(argv) == 0
 
-    lake = tmp_path / "lake"
+    lake = paths[1]
     for table in TABLES:
         columns, expected = _source_rows(db, table)
         assert expected, table
-        mirror = sort_rows(_lake_table(lake, table, SinkKind.MIRROR).select(columns).to_pylist())
+        mirror = sort_rows(
+            _lake_table(lake, table, SinkKind.MIRROR, storage_options).select(columns).to_pylist()
+        )
         assert mirror == expected, table
 
     # Every change once: (commit, seq) unique, and the counts per operation are the workload's.
     ops: dict[str, Counter[str]] = {}
     for table in TABLES:
-        changelog = _lake_table(lake, table, SinkKind.CHANGELOG)
+        changelog = _lake_table(lake, table, SinkKind.CHANGELOG, storage_options)
         positions = list(
             zip(
                 changelog.column("_commit_lsn").to_pylist(),
@@ -157,3 +181,11 @@ def test_pipeline_on_a_standalone_cluster_reads_in_executors(
     records = _scan_records_by_executor(events)
     assert sum(records.values()) > 0, records
     assert set(records) <= {"0", "1"}, records
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_pipeline_on_a_standalone_cluster_reads_in_executors(
+    db: Database, tmp_path: Path, spark_cluster: StandaloneCluster
+) -> None:
+    paths = (str(tmp_path / "log"), str(tmp_path / "lake"))
+    check_pipeline_on_cluster(db, spark_cluster, tmp_path, paths)
