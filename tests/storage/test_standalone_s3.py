@@ -26,3 +26,9 @@ def test_pipeline_on_a_standalone_cluster_with_s3(
     assert any(
         key.startswith("changelog/") and key.endswith(".pgcdcseg") for key in bucket.objects()
     )
+    # The secret key reached the executors as a source option: it is in no Spark event log and
+    # no executor or worker log.
+    canary = bucket.secret_access_key.encode()
+    for folder in (tmp_path / "events", spark_cluster.work_dir, spark_cluster.log_dir):
+        for path in folder.rglob("*"):
+            assert not path.is_file() or canary not in path.read_bytes(), path
