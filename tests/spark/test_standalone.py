@@ -179,8 +179,8 @@ def check_pipeline_on_cluster(
     # orders: 100 snapshot + 20 inserts, 20 deletes, 5 key updates.
     assert ops["public.orders"] == Counter({"insert": 120, "delete": 20, "update": 5})
 
-    # The change log's chunks were read by executors "0" and "1" (the workers' JVMs, never
-    # "driver", where a local master runs its tasks), per Spark's event logs of both runs.
+    # The change log's chunks were read by the workers' executors (ids "0"/"1"; a local master
+    # reads them in "driver"), per Spark's event logs of both runs.
     records = _scan_records_by_executor(events)
     assert sum(records.values()) > 0, records
     assert set(records) <= {"0", "1"}, records
