@@ -598,9 +598,10 @@ class Receiver:
             f"replication slot {self.options.slot!r} was invalidated while pgcdc streamed "
             f"from it ({reason or 'reason unknown'}): "
             f"{server_errors.invalidation_cause(reason)}; what is stored is complete up to "
-            f"{LSN(self._policy.durable_lsn)}, but the changes after that can no longer be streamed: drop "
-            "the slot, then start over with a new initial snapshot into a new destination (for "
-            f"pgcdc pipeline: a new change log, lake and checkpoint); the server said: "
+            f"{LSN(self._policy.durable_lsn)}, but the changes after that can no longer be "
+            "streamed: drop the slot, then start over with a new initial snapshot into a new "
+            "destination (for pgcdc pipeline: a new change log, lake and checkpoint); the "
+            "server said: "
             f"{first_line(error)}"
         ) from error
 
