@@ -179,14 +179,16 @@ class Workload:
         self.samples.append((lsn, source_state(conn)))
 
 
+def table_rows(conn: psycopg.Connection[Any], name: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """A source table's column names and its rows (as dicts, sorted by ``sort_rows``)."""
+    cursor = conn.execute(f"SELECT * FROM {name}")
+    assert cursor.description is not None
+    columns = [d.name for d in cursor.description]
+    return columns, sort_rows([dict(zip(columns, row, strict=True)) for row in cursor])
+
+
 def source_state(conn: psycopg.Connection[Any]) -> dict[str, list[dict[str, Any]]]:
-    state = {}
-    for name in TABLES:
-        cursor = conn.execute(f"SELECT * FROM {name}")
-        assert cursor.description is not None
-        columns = [d.name for d in cursor.description]
-        state[name] = sort_rows([dict(zip(columns, row, strict=True)) for row in cursor])
-    return state
+    return {name: table_rows(conn, name)[1] for name in TABLES}
 
 
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

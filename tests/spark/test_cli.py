@@ -15,21 +15,12 @@ from pgcdc.pipeline import load
 from pgcdc.sinks import SinkKind, read_table
 from tests.conftest import Database
 
-from .helpers import sort_rows
+from .helpers import mirror_rows, table_rows
 
 
 def _source_rows(db: Database, table: str) -> tuple[list[str], list[dict[str, Any]]]:
     with db.connect() as conn:
-        cursor = conn.execute(f"SELECT * FROM {table}")
-        assert cursor.description is not None
-        columns = [d.name for d in cursor.description]
-        return columns, sort_rows([dict(zip(columns, r, strict=True)) for r in cursor])
-
-
-def _mirror_rows(lake: Path, table: str, columns: list[str]) -> list[dict[str, Any]]:
-    schema, name = table.split(".")
-    data = read_table(lake / schema / name / SinkKind.MIRROR.value)
-    return sort_rows(data.select(columns).to_pylist())
+        return table_rows(conn, table)
 
 
 def test_pipeline_run_once_from_a_config_file_with_flag_overrides(
@@ -69,7 +60,7 @@ master = "local[2]"
     assert main(argv) == 0
     columns, expected = _source_rows(db, "public.items")
     assert len(expected) > 150
-    assert _mirror_rows(lake, "public.items", columns) == expected
+    assert mirror_rows(lake, "public.items", columns) == expected
     assert not (tmp_path / "wrong-lake").exists()
     assert not (lake / "public" / "items" / "history").exists()
 
@@ -92,7 +83,7 @@ def test_demo_fills_the_lake_with_the_source_tables(db: Database, tmp_path: Path
     for table in ("customers", "orders", "inventory"):
         columns, expected = _source_rows(db, f"pgcdc_demo.{table}")
         assert expected, table
-        assert _mirror_rows(lake, f"pgcdc_demo.{table}", columns) == expected, table
+        assert mirror_rows(lake, f"pgcdc_demo.{table}", columns) == expected, table
 
 
 def _slot_failover(db: Database, name: str) -> bool | None:
@@ -122,14 +113,14 @@ def test_first_run_snapshots_existing_rows_then_streams(db: Database, tmp_path: 
     assert _slot_failover(db, "snap") is (True if db.major >= 17 else None)
     columns, expected = _source_rows(db, "public.accounts")
     assert len(expected) == 300
-    assert _mirror_rows(lake, "public.accounts", columns) == expected
+    assert mirror_rows(lake, "public.accounts", columns) == expected
 
     db.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 2 = 0")
     db.execute("DELETE FROM accounts WHERE id > 250")
     db.execute("INSERT INTO accounts VALUES (1000, 'late', 1)")
     assert main(argv) == 0
     columns, expected = _source_rows(db, "public.accounts")
-    assert _mirror_rows(lake, "public.accounts", columns) == expected
+    assert mirror_rows(lake, "public.accounts", columns) == expected
     changelog = read_table(lake / "public" / "accounts" / SinkKind.CHANGELOG.value)
     # 300 snapshot inserts, 150 updates, 50 deletes, 1 insert: nothing twice.
     assert changelog.num_rows == 300 + 150 + 50 + 1
@@ -150,4 +141,4 @@ def test_snapshot_never_skips_existing_rows(db: Database, tmp_path: Path) -> Non
     assert _slot_failover(db, "nosnap") is (False if db.major >= 17 else None)
     db.execute("INSERT INTO notes VALUES (100, 'new')")
     assert main(argv) == 0
-    assert _mirror_rows(lake, "public.notes", ["id", "body"]) == [{"id": 100, "body": "new"}]
+    assert mirror_rows(lake, "public.notes", ["id", "body"]) == [{"id": 100, "body": "new"}]

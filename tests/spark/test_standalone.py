@@ -17,7 +17,7 @@ from tests.cli.helpers import pgcdc
 from tests.conftest import Database
 
 from .cluster import StandaloneCluster, spark_cluster
-from .helpers import sort_rows
+from .helpers import sort_rows, table_rows
 
 __all__ = ["spark_cluster"]  # the fixture, imported to be used here
 
@@ -26,10 +26,7 @@ TABLES = ("public.accounts", "public.orders")
 
 def _source_rows(db: Database, table: str) -> tuple[list[str], list[dict[str, Any]]]:
     with db.connect() as conn:
-        cursor = conn.execute(f"SELECT * FROM {table}")
-        assert cursor.description is not None
-        columns = [d.name for d in cursor.description]
-        return columns, sort_rows([dict(zip(columns, r, strict=True)) for r in cursor])
+        return table_rows(conn, table)
 
 
 def _lake_table(lake: str, table: str, kind: SinkKind, options: dict[str, str] | None) -> Any:

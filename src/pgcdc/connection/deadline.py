@@ -32,18 +32,27 @@ def answered_within(
         yield
         return
     lock = threading.Lock()
-    state = {"running": True, "fired": False}
+    running, fired = True, False
     fileno = conn.fileno()
 
     def expire() -> None:
+        nonlocal fired
         with lock:
-            if not state["running"]:
+            if not running:
                 return
-            state["fired"] = True
+            fired = True
             # A duplicate of the descriptor: shutdown acts on the socket both share, and closing
             # the duplicate leaves libpq's descriptor valid (it then reads end of file).
             with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fileno)) as sock:
                 sock.shutdown(socket.SHUT_RDWR)
+
+    def disarm() -> bool:
+        """Keep the timer from firing from now on; whether it already did."""
+        nonlocal running
+        with lock:
+            running = False
+        timer.cancel()
+        return fired
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
@@ -51,15 +60,11 @@ def answered_within(
     try:
         yield
     except Exception as error:  # psycopg's, or the typed one translated() made of it
-        with lock:
-            state["running"] = False
-        if state["fired"]:
+        if disarm():
             raise ConnectionLost(
                 f"{what} got no answer within {seconds:g} s: the network or the server stopped "
                 "answering (the connection was given up; a new session reconnects)"
             ) from error
         raise
     finally:
-        with lock:
-            state["running"] = False
-        timer.cancel()
+        disarm()

@@ -158,11 +158,9 @@ def translate(
     if _RECOVERY_CONFLICT in message and _SLOT_CONFLICT_DETAIL in (detail or ""):
         return errors.SlotInvalidated(
             f"{message} ({detail}): the standby invalidated the replication slot this session "
-            "streamed from, so the changes after what was stored can no longer be streamed; "
-            "the slot's invalidation_reason (pgcdc slots) says why: rows_removed (keep "
-            "hot_standby_feedback = on and primary_slot_name on the standby) or "
-            "wal_level_insufficient (keep wal_level = logical on the primary); drop the slot, "
-            "recreate it, then take a new initial snapshot"
+            f"streamed from: {invalidation_cause('conflicting')}; the changes after what was "
+            "stored can no longer be streamed, and the slot's invalidation_reason (pgcdc slots) "
+            "says why; drop the slot, recreate it, then take a new initial snapshot"
         )
     if slot and ("invalidated" in text or "can no longer" in message):
         return errors.SlotInvalidated(

@@ -1188,12 +1188,8 @@ class TypeRegistry:
             def money(value: Any) -> Any:
                 if isinstance(value, list):
                     return [money(v) for v in value]
-                if value is None:
-                    return None
-                return money_text(int(value.scaleb(digits)), digits)
+                return None if value is None else money_text(int(value.scaleb(digits)), digits)
 
-            if resolved.name == "money":
-                return lambda data: money(binary(data))
             return lambda data: pg_text(money(binary(data)))
         return lambda data: pg_text(binary(data))
 

@@ -385,14 +385,14 @@ def missing_slot(settings: Settings) -> SlotNotFound:
     )
 
 
-def refuse_standby(conn: Any, *, allowed: bool = False) -> bool:
-    """Whether the server is a standby. Unless ``allowed`` (``standby = true``), a standby
+def check_server_role(conn: Any, *, standby_allowed: bool = False) -> bool:
+    """Whether the server is a standby. Unless ``standby_allowed`` (``standby = true``), a standby
     reached (libpq takes the first host that answers unless target_session_attrs says
     otherwise) is a ServerIsStandby, which the receiver retries (a promotion makes it the
     primary); allowed, it must be PostgreSQL 16+, the first to decode in recovery. A primary
     is accepted either way: a standby decoded on may be promoted, and its slot goes on."""
     standby = in_recovery(conn)
-    if standby and not allowed:
+    if standby and not standby_allowed:
         raise ServerIsStandby(
             f"the server at {conn.info.host}:{conn.info.port} is a standby (in recovery), and "
             "the pipeline streams from the primary; name every server in the conninfo with "
@@ -415,7 +415,7 @@ def _start_checks(settings: Settings) -> LSN:
     """Before anything starts: the server answers, the slot is there unless it may be created.
     Returns the server's current WAL position (what ``--once`` drains up to)."""
     with connect(settings.conninfo) as conn:
-        refuse_standby(conn, allowed=settings.standby)
+        check_server_role(conn, standby_allowed=settings.standby)
         if not settings.create_slot and get_slot(conn, settings.slot) is None:
             raise missing_slot(settings)
         return _wal_end(conn)
@@ -481,7 +481,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     writer.flush()  # what the last session appended counts as held (log_end below)
     server = server_timeline(settings.conninfo, origin.timeline if origin else None)
     with server_errors.translated(), connect(settings.conninfo) as conn:
-        standby = refuse_standby(conn, allowed=settings.standby)
+        standby = check_server_role(conn, standby_allowed=settings.standby)
         database = conn.info.dbname
         slot = get_slot(conn, settings.slot)
         if fresh and slot is not None and snapshot_pending(root, settings.storage) == settings.slot:
@@ -546,9 +546,8 @@ def _creating_on_standby(settings: Settings) -> None:
 def _create_slot(conn: Any, settings: Settings, *, standby: bool) -> LSN:
     """Create the pipeline's slot (without a snapshot); returns its consistent point. On a
     standby it is never a failover slot: the server refuses one created in recovery."""
-    failover = settings.failover and supports_failover(conn.info.server_version)
+    failover = settings.failover and not standby and supports_failover(conn.info.server_version)
     if standby:
-        failover = False
         _creating_on_standby(settings)
     try:
         return create_logical_slot(conn, settings.slot, "pgoutput", failover=failover)
