@@ -15,7 +15,7 @@ import pyspark
 import pytest
 
 from pgcdc.spark.daemon import installed_instead
-from pgcdc.spark.local_python import worker_python, wrapper_script
+from pgcdc.spark.local_python import choose_python, worker_python, wrapper_script
 from pgcdc.spark.pipeline import spark_session
 
 ZIPS = sorted(str(p) for p in (Path(pyspark.__file__).parent / "python" / "lib").glob("*.zip"))
@@ -106,3 +106,22 @@ def test_planning_processes_of_a_local_session_import_the_installed_pyspark(
         spark.stop()
     assert columns == [pyspark.__file__]
     assert os.environ["PYSPARK_PYTHON"] == worker_python() != sys.executable
+
+
+def test_a_cluster_session_after_a_local_one_gets_this_interpreter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    choose_python(local=True)
+    assert os.environ["PYSPARK_PYTHON"] == worker_python() != sys.executable
+    choose_python(local=False)  # the wrapper is a temporary file of this machine only
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    choose_python(local=True)
+    assert os.environ["PYSPARK_PYTHON"] == worker_python()
+
+
+def test_a_python_the_user_chose_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/venv/bin/python")
+    choose_python(local=True)
+    choose_python(local=False)
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/venv/bin/python"

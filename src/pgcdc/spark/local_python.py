@@ -70,3 +70,19 @@ def worker_python() -> str:
     script.write_text(wrapper_script(sys.executable, zips))
     script.chmod(0o700)
     return str(script)
+
+
+_chosen: list[str] = []  # the PYSPARK_PYTHON values this process set (never the user's)
+
+
+def choose_python(local: bool) -> None:
+    """Set ``PYSPARK_PYTHON`` for the next session: the wrapper for a local one, this
+    interpreter for a cluster, whose workers may not have the wrapper's temporary file. A value
+    the user set is kept; one this process set for an earlier session is replaced, so a local
+    session's wrapper never reaches a later cluster session's executors."""
+    current = os.environ.get("PYSPARK_PYTHON")
+    if current is not None and current not in _chosen:
+        return
+    wanted = worker_python() if local else sys.executable
+    os.environ["PYSPARK_PYTHON"] = wanted
+    _chosen.append(wanted)

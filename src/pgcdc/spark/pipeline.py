@@ -29,7 +29,7 @@ from pgcdc.decoding.state import table_from_dict
 from pgcdc.errors import CheckpointUnavailable, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.sinks.kinds import parse_kinds
-from pgcdc.spark.local_python import worker_python
+from pgcdc.spark.local_python import choose_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
 from pgcdc.storage import StorageOptions
 
@@ -172,9 +172,9 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     and, for a local master, a driver JVM that compiles only with C1: the C2 compiler spent
     2-4 s of CPU per run on code that mostly copies bytes, CPU the receiver needs. A local
     session's other Python processes (planning, the streaming source) skip the zip too, through
-    ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python``) unless it is already set."""
+    ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python.choose_python``) unless the user set it."""
     local = master.startswith("local")
-    os.environ.setdefault("PYSPARK_PYTHON", worker_python() if local else sys.executable)
+    choose_python(local)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
