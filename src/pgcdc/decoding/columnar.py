@@ -506,8 +506,10 @@ def _text_column(kind: str, strings: pa.Array, data_type: pa.DataType) -> FastRe
         return None
 
 
-# One-dimensional arrays with bare elements: no quotes, escapes, spaces or nesting.
-_SIMPLE_ARRAY = r'^\{([^{}"\\\s,]+(,[^{}"\\\s,]+)*)?\}$'
+# One-dimensional arrays with bare elements: no quotes, escapes, nesting or white space (as
+# array_in's array_isspace has it: RE2's \s lacks the vertical tab).
+_BARE = r'[^{}"\\ \t\n\r\x0b\f,]+'
+_SIMPLE_ARRAY = rf"^\{{({_BARE}(,{_BARE})*)?\}}$"
 
 
 def _text_array(element_kind: str, strings: pa.Array, data_type: pa.DataType) -> FastResult:
