@@ -74,6 +74,13 @@ def test_config_errors_say_what_to_fix(tmp_path: Path) -> None:
         load(None, {})
     with pytest.raises(InvalidOption, match="kind"):
         load(None, {"conninfo": "dbname=x", "kinds": ["mirror", "snapshot"]})
+    with pytest.raises(InvalidOption, match="use one of auto, driver, executors"):
+        load(None, {"conninfo": "dbname=x", "writes": "workers"})
+    racing = {"conninfo": "dbname=x", "spark_conf": {"spark.speculation": "true"}}
+    with pytest.raises(InvalidOption, match="speculative copy"):
+        load(None, {**racing, "master": "spark://h:7077"})
+    assert load(None, racing).resolved_writes == "driver"  # a local master writes there
+    assert load(None, {"conninfo": "dbname=x", "master": "yarn"}).resolved_writes == "executors"
 
 
 def test_demo_fills_the_lake_with_the_source_tables(db: Database, tmp_path: Path) -> None:
@@ -142,3 +149,54 @@ def test_snapshot_never_skips_existing_rows(db: Database, tmp_path: Path) -> Non
     db.execute("INSERT INTO notes VALUES (100, 'new')")
     assert main(argv) == 0
     assert mirror_rows(lake, "public.notes", ["id", "body"]) == [{"id": 100, "body": "new"}]
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_writes_in_executors_keep_batches_off_the_driver(
+    db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The driver may receive 1 MiB of task results, the snapshot's batch is larger: collected
+    to the driver it is a typed error saying what to set; written in executors it lands."""
+    db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
+    db.execute(  # random hex digits: zstd cannot shrink the batch below the limit
+        "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
+        "|| md5(random()::text) || md5(random()::text) FROM generate_series(1, 30000) g"
+    )
+    db.execute("CREATE PUBLICATION cdc FOR TABLE notes")
+    lake = tmp_path / "lake"
+
+    def run(writes: str) -> int:
+        config = tmp_path / f"{writes}.toml"
+        config.write_text(
+            f"""
+[source]
+conninfo = "{db.conninfo()}"
+publications = ["cdc"]
+
+[paths]
+changelog = "{tmp_path / "log"}"
+lake = "{lake}"
+checkpoint = "{tmp_path / "checkpoint"}"
+
+[tables]
+kinds = ["mirror"]
+
+[spark]
+master = "local[2]"
+writes = "{writes}"
+conf = {{ "spark.driver.maxResultSize" = "1m" }}
+"""
+        )
+        return main(["pipeline", "run", "--config", str(config), "--once"])
+
+    assert run("driver") == 1
+    error = capsys.readouterr().err
+    assert "larger than spark.driver.maxResultSize" in error, error[-2000:]
+    assert 'writes = "executors"' in error
+    assert not (lake / "public" / "notes" / "mirror").exists()
+    db.execute("UPDATE notes SET note = 'changed' WHERE id % 100 = 0")
+    db.execute("DELETE FROM notes WHERE id % 101 = 0")
+    assert run("executors") == 0
+    columns, expected = _source_rows(db, "public.notes")
+    assert len(expected) > 29_000
+    assert mirror_rows(lake, "public.notes", columns) == expected

@@ -1,7 +1,9 @@
 """``pgcdc pipeline run --once --master spark://...`` against a real Spark standalone cluster
 (a master and two workers, ``tests/spark/cluster.py``) on PostgreSQL 18: the change log's
-partitions are read in executors' Python workers, started by the worker JVMs, and the lake
-still equals the source."""
+partitions are read and the Delta tables written in executors' Python workers, started by the
+worker JVMs, and the lake still equals the source. The driver may receive at most 1 MiB of
+task results (``spark.driver.maxResultSize``), well below the snapshot's batch: collecting a
+batch to the driver fails the run."""
 
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ from .helpers import sort_rows, table_rows
 
 __all__ = ["spark_cluster"]  # the fixture, imported to be used here
 
-TABLES = ("public.accounts", "public.orders")
+TABLES = ("public.accounts", "public.orders", "public.notes")
+NOTES = (
+    30_000  # rows of 128 random hex digits: MiBs of changes in the snapshot's batch, zstd or not
+)
 
 
 def _source_rows(db: Database, table: str) -> tuple[list[str], list[dict[str, Any]]]:
@@ -73,6 +78,7 @@ master = "{cluster.url}"
 "spark.driver.host" = "127.0.0.1"
 "spark.driver.bindAddress" = "127.0.0.1"
 "spark.executor.memory" = "512m"
+"spark.driver.maxResultSize" = "1m"
 "spark.eventLog.enabled" = "true"
 "spark.eventLog.dir" = "{events}"
 "spark.eventLog.compress" = "false"
@@ -124,15 +130,22 @@ def check_pipeline_on_cluster(
         "INSERT INTO accounts SELECT g, 'owner ' || g, g * 10 FROM generate_series(1, 200) g"
     )
     db.execute("INSERT INTO orders SELECT 'N', g, g % 7 FROM generate_series(1, 100) g")
-    db.execute("CREATE PUBLICATION cdc FOR TABLE accounts, orders")
+    db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
+    db.execute(
+        "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
+        "|| md5(random()::text) || md5(random()::text) "
+        f"FROM generate_series(1, {NOTES}) g"
+    )
+    db.execute("CREATE PUBLICATION cdc FOR TABLE accounts, orders, notes")
     events = tmp_path / "events"
     events.mkdir()
     config = _config(db, cluster, tmp_path, events, paths, storage_options=storage_options)
     # The command in a process of its own, as users run it (and the S3 variant needs it: moto's
-    # server runs in this process, and the driver's Delta writes to it must not share its GIL).
+    # server runs in this process, and the Delta writes to it must not share its GIL).
     argv = ["pipeline", "run", "--config", str(config), "--once"]
 
-    # First run: the initial snapshot (500 rows of the two tables) through the change log.
+    # First run: the initial snapshot (300 rows of two tables and the notes) through the change
+    # log.
     first = pgcdc(*argv, timeout=180)
     assert first.returncode == 0, first.stderr.decode()[-3000:]
     # Second run: inserts, updates (a key update too) and deletes through the slot.
@@ -175,6 +188,7 @@ def check_pipeline_on_cluster(
     assert ops["public.accounts"] == Counter({"insert": 220, "update": 220, "delete": 10})
     # orders: 100 snapshot + 20 inserts, 20 deletes, 5 key updates.
     assert ops["public.orders"] == Counter({"insert": 120, "delete": 20, "update": 5})
+    assert ops["public.notes"] == Counter({"insert": NOTES})
 
     # The change log's chunks were read by the workers' executors (ids "0"/"1"; a local master
     # reads them in "driver"), per Spark's event logs of both runs.

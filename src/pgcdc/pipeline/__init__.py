@@ -28,6 +28,8 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
 
     [spark]
     master = "local[*]"
+    writes = "auto"               # Delta writes in "executors" or on the "driver" (auto: the
+                                  # driver for a local master, executors for a cluster)
     trigger_interval = 5.0
     max_changes_per_batch = 200000
 """
@@ -98,6 +100,7 @@ log = logging.getLogger(__name__)
 # durable transactions, so at low rates this is part of every change's commit-to-visible time.
 RECEIVER_FLUSH_SECONDS = 0.25
 SNAPSHOT_MODES = ("initial", "never")
+WRITES_MODES = ("auto", "driver", "executors")
 # Change data is production data: files 0600 and directories 0700 unless configured otherwise.
 DEFAULT_UMASK = 0o077
 # Spark's master URL forms (SparkContext.createTaskScheduler); others fail deep inside the JVM.
@@ -146,6 +149,10 @@ class Settings:
     max_changes_per_batch: int | None = None
     max_bytes_per_batch: int | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # Where a batch's Delta writes run: "executors" (the batch's data never reaches the
+    # driver), "driver" (no shuffle: what a local master does best), or "auto" (the driver for
+    # a local master, executors for any other).
+    writes: str = "auto"
     # How the receiver rides out server faults (restarts, a terminated walsender).
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Seconds of silence on the replication connection before it counts as lost and is
@@ -168,7 +175,15 @@ class Settings:
             max_changes_per_batch=self.max_changes_per_batch,
             max_bytes_per_batch=self.max_bytes_per_batch,
             storage=self.storage,
+            writes=self.resolved_writes,
         )
+
+    @property
+    def resolved_writes(self) -> str:
+        """``writes`` with "auto" decided by the master."""
+        if self.writes != "auto":
+            return self.writes
+        return "driver" if self.master.startswith("local") else "executors"
 
     def receiver(self, end_lsn: LSN | None = None) -> ReceiverOptions:
         return ReceiverOptions(
@@ -208,6 +223,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "max_changes_per_batch": ("spark", "max_changes_per_batch", int),
     "max_bytes_per_batch": ("spark", "max_bytes_per_batch", int),
     "spark_conf": ("spark", "conf", dict),
+    "writes": ("spark", "writes", str),
 }
 
 
@@ -332,6 +348,18 @@ def _validate(settings: Settings) -> None:
         raise InvalidOption(
             f"master = {settings.master!r} is not a Spark master URL; use local[*], local[N], "
             "spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+    if settings.writes not in WRITES_MODES:
+        raise InvalidOption(
+            f"writes = {settings.writes!r}: use one of {', '.join(WRITES_MODES)} (where a "
+            "batch's Delta writes run)"
+        )
+    speculation = str(settings.spark_conf.get("spark.speculation", "false")).lower()
+    if speculation == "true" and settings.resolved_writes == "executors":
+        raise InvalidOption(
+            "spark.speculation = true with Delta writes in executors: a speculative copy of a "
+            "write task would race its original on the same Delta tables; leave "
+            'spark.speculation off or set [spark] writes = "driver"'
         )
     interval = settings.trigger_interval
     if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:

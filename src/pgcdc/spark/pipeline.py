@@ -1,12 +1,15 @@
 """The Delta pipeline: one Spark streaming query over the change log writing every captured
 table's changelog / mirror / history with ``pgcdc.sinks``, exactly once.
 
-Executors type the changes (``format=chunks``: one row per run of a table's typed changes);
-``foreachBatch`` collects the batch once as Arrow, orders each table's runs by (commit LSN, seq) and
-writes them. A table whose definition changes inside a batch (a column added or dropped) has
-several runs: run *r* of every table is written as Delta application transaction version
-``batch_id * 1024 + r``, so each write has one ``TableSpec`` and a replayed batch (after a
-crash) is skipped table by table.
+Executors type the changes (``format=chunks``: one row per run of a table's typed changes).
+``foreachBatch`` then writes them, where ``writes`` says: on the driver, which collects the batch
+once as Arrow; or in executors, one task per group of tables (the batch shuffled by table name),
+so the batch's data never reaches the driver, which gets only each write's result. Either way
+each table's runs are ordered by (commit LSN, seq) and written one after the other. A table
+whose definition changes inside a batch (a column added or dropped) has several runs: run *r*
+of every table is written as Delta application transaction version ``batch_id * 1024 + r``, so
+each write has one ``TableSpec`` and a replayed batch (after a crash, or a retried task) is
+skipped table by table.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class PipelineConfig:
     # How to reach object storage: the Delta sinks and the source's executors get the same.
     storage: StorageOptions = field(default_factory=StorageOptions)
     query_name: str = "pgcdc"
+    # "driver" or "executors": where a batch's Delta writes run.
+    writes: str = "driver"
 
     @property
     def app_id(self) -> str:
@@ -154,6 +159,26 @@ def write_chunks(sink: DeltaSink, batch_id: int, chunks: Sequence[Chunk]) -> lis
     return results
 
 
+def write_in_executors(frame: Any, batch_id: int, config: PipelineConfig) -> list[WriteResult]:
+    """Write a ``format=chunks`` batch in Spark tasks: the batch is shuffled by table, so each
+    table's chunks meet in one task, which writes them as ``write_chunks`` does (same versions:
+    a retried task skips what its table already has). Only the results reach the driver. (RDD
+    rows, not ``mapInArrow``, which needs pandas: a batch has a row per chunk, not per change.)"""
+
+    def write_partition(rows: Iterable[Any]) -> Iterable[tuple[str, str, str, bool, int]]:
+        chunks = chunks_from_rows(rows)
+        if not chunks:
+            return []
+        results = write_chunks(make_sink(config), batch_id, chunks)
+        return [(r.table, r.kind.value, r.path, r.applied, r.rows) for r in results]
+
+    written = frame.repartition("table").rdd.mapPartitions(write_partition).collect()
+    return [
+        WriteResult(table, SinkKind(kind), path, applied, rows)
+        for table, kind, path, applied, rows in written
+    ]
+
+
 def make_sink(config: PipelineConfig) -> DeltaSink:
     return DeltaSink(
         config.lake,
@@ -210,7 +235,17 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
 
     def apply(frame: Any, batch_id: int) -> None:
         started = time.perf_counter()
-        chunks = chunks_from_arrow(frame.toArrow())
+        if config.writes == "executors":
+            results = write_in_executors(frame, batch_id, config)
+            written = sum(r.rows for r in results if r.applied)
+            log.info(
+                "batch %d: %d rows written by executors in %.2f s",
+                batch_id,
+                written,
+                time.perf_counter() - started,
+            )
+            return
+        chunks = chunks_from_arrow(_collect(frame, batch_id))
         collected = time.perf_counter()
         results = write_chunks(sink, batch_id, chunks)
         written = sum(r.rows for r in results if r.applied)
@@ -250,6 +285,21 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
         ) from exc
 
 
+def _collect(frame: Any, batch_id: int) -> pa.Table:
+    """The batch on the driver, as Arrow; a batch over ``spark.driver.maxResultSize`` is a
+    typed error saying how to keep batches off the driver."""
+    try:
+        return frame.toArrow()
+    except Exception as exc:
+        if "maxResultSize" not in str(exc):
+            raise
+        raise SinkError(
+            f"batch {batch_id} is larger than spark.driver.maxResultSize lets the driver "
+            'receive: set [spark] writes = "executors" (the batch then stays in the executors, '
+            "which write the Delta tables), or lower [spark] max_bytes_per_batch"
+        ) from None
+
+
 def _spark_reason(error: BaseException) -> str:
     """The line of a Spark error that says what went wrong: a Java error seen through py4j
     starts with the call that failed and ends with the Java stack."""
@@ -281,4 +331,5 @@ __all__ = [
     "spark_session",
     "start",
     "write_chunks",
+    "write_in_executors",
 ]
