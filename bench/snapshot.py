@@ -6,7 +6,13 @@ and once into a change log on local disk. Baselines: ``psql -c "\\copy t to /dev
 ``COPY t TO STDOUT`` drained by psycopg without parsing. The machine's cores bound what more
 workers can give: parsing runs under the GIL, the server's COPY in separate processes.
 
-    python3 bench/snapshot.py [--rows 1000000] [--version 18] [--chunk-pages 1024]
+With ``--delta`` the snapshot is landed in Delta instead, as users run it: ``pgcdc pipeline run
+--once`` on a new slot, into the mirror only and into all three kinds, with 1 and 2 Spark task
+slots (``local[1]``, ``local[2]``). Its baseline is ``COPY orders TO STDOUT (FORMAT binary)``
+drained by one psycopg client. The same command on a one-row table is timed first: that fixed
+cost (Spark's start, the slot, the query's set-up) is printed and taken off each run.
+
+    python3 bench/snapshot.py [--rows 1000000] [--version 18] [--chunk-pages 1024] [--delta]
 """
 
 from __future__ import annotations
@@ -78,11 +84,94 @@ def psycopg_copy_seconds(conninfo: str) -> float:
     return time.perf_counter() - start
 
 
+def binary_copy_seconds(conninfo: str) -> float:
+    start = time.perf_counter()
+    with (
+        psycopg.connect(conninfo) as conn,
+        conn.cursor() as cursor,
+        cursor.copy("COPY orders TO STDOUT (FORMAT binary)") as copy,
+    ):
+        while copy.read():
+            pass
+    return time.perf_counter() - start
+
+
+def pipeline_seconds(conninfo: str, publication: str, master: str, kinds: str, tmp: str) -> float:
+    """``pgcdc pipeline run --once`` of a new slot (the snapshot of ``publication``), timed."""
+    config = Path(tmp) / "pipeline.toml"
+    config.write_text(
+        f"""
+[source]
+conninfo = "{conninfo}"
+slot = "{Path(tmp).name.replace("-", "_")}"
+publications = ["{publication}"]
+
+[paths]
+changelog = "{tmp}/log"
+lake = "{tmp}/lake"
+checkpoint = "{tmp}/checkpoint"
+
+[tables]
+kinds = {kinds}
+
+[spark]
+master = "{master}"
+"""
+    )
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "pgcdc.cli.main", "pipeline", "run", "--config", str(config)]
+    subprocess.run([*command, "--once"], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+MIRROR_ONLY = '["mirror"]'
+
+
+def fixed_cost(conninfo: str, master: str, kinds: str) -> float:
+    with tempfile.TemporaryDirectory(prefix="pgcdc-bench-fixed-") as tmp:
+        return pipeline_seconds(conninfo, "tiny_pub", master, kinds, tmp)
+
+
+def delta_runs(conninfo: str, rows: int, heap_bytes: int) -> None:
+    """The snapshot landed in Delta against a binary COPY drained by one client."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE tiny (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO tiny VALUES (1)")
+        conn.execute("CREATE PUBLICATION tiny_pub FOR TABLE tiny")
+        conn.execute("CREATE PUBLICATION orders_pub FOR TABLE orders")
+    copy_rate = rows / binary_copy_seconds(conninfo)
+    print_figure("baseline: COPY orders TO STDOUT (FORMAT binary), one client", copy_rate, "rows/s")
+    all_kinds = '["changelog", "mirror", "history"]'
+    rates: dict[tuple[str, str], float] = {}
+    for master in ("local[1]", "local[2]"):
+        fixed = min(fixed_cost(conninfo, master, all_kinds) for _ in range(2))  # the quieter
+        print(f"  fixed cost of a run ({master}, one-row table): {fixed:.1f} s", flush=True)
+        for kinds in (MIRROR_ONLY, all_kinds):
+            with tempfile.TemporaryDirectory(prefix="pgcdc-bench-delta-") as tmp:
+                seconds = pipeline_seconds(conninfo, "orders_pub", master, kinds, tmp)
+            name = f"{master}, {'mirror' if kinds == MIRROR_ONLY else 'all three kinds'}"
+            print_figure(f"snapshot into Delta, {name}, whole run", rows / seconds, "rows/s",
+                         copy_rate)  # fmt: skip
+            landing = seconds - fixed
+            if landing < 0.25 * seconds:
+                print("    without the fixed cost: not measurable (the run is mostly fixed cost)")
+                continue
+            rate = rates[(master, kinds)] = rows / landing
+            print_figure(f"snapshot into Delta, {name}, without the fixed cost", rate, "rows/s",
+                         copy_rate)  # fmt: skip
+            print(f"    {heap_bytes / landing / 2**20:.1f} MB/s of heap; {seconds:.1f} s in all")
+    for kinds in (MIRROR_ONLY, all_kinds):
+        if ("local[1]", kinds) in rates and ("local[2]", kinds) in rates:
+            ratio = rates[("local[2]", kinds)] / rates[("local[1]", kinds)]
+            print(f"  2 task slots / 1, {kinds}: {ratio:.2f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--version", default="18", choices=["15", "18"])
     parser.add_argument("--chunk-pages", type=int, default=1024)
+    parser.add_argument("--delta", action="store_true", help="land the snapshot in Delta")
     args = parser.parse_args()
 
     cluster = start_cluster(args.version)
@@ -96,6 +185,9 @@ def main() -> None:
             pages = conn.execute("SELECT pg_relation_size('orders') / 8192").fetchone()
         print(f"{args.rows:,} rows, {pages[0] if pages else '?'} pages, PostgreSQL "
               f"{args.version}, {os.cpu_count()} cores", flush=True)  # fmt: skip
+        if args.delta:
+            delta_runs(conninfo, args.rows, (pages[0] if pages else 0) * 8192)
+            return
 
         psql = cluster.installation.binary("psql")
         baselines = []
