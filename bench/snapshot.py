@@ -72,24 +72,13 @@ def psql_copy_seconds(psql: Path, conninfo: str) -> float:
     return time.perf_counter() - start
 
 
-def psycopg_copy_seconds(conninfo: str) -> float:
+def copy_seconds(conninfo: str, options: str = "") -> float:
+    """``COPY orders TO STDOUT`` (with ``options``) drained by psycopg, unparsed."""
     start = time.perf_counter()
     with (
         psycopg.connect(conninfo) as conn,
         conn.cursor() as cursor,
-        cursor.copy("COPY orders TO STDOUT") as copy,
-    ):
-        for _ in copy:
-            pass
-    return time.perf_counter() - start
-
-
-def binary_copy_seconds(conninfo: str) -> float:
-    start = time.perf_counter()
-    with (
-        psycopg.connect(conninfo) as conn,
-        conn.cursor() as cursor,
-        cursor.copy("COPY orders TO STDOUT (FORMAT binary)") as copy,
+        cursor.copy(f"COPY orders TO STDOUT {options}") as copy,
     ):
         while copy.read():
             pass
@@ -139,7 +128,7 @@ def delta_runs(conninfo: str, rows: int, heap_bytes: int) -> None:
         conn.execute("INSERT INTO tiny VALUES (1)")
         conn.execute("CREATE PUBLICATION tiny_pub FOR TABLE tiny")
         conn.execute("CREATE PUBLICATION orders_pub FOR TABLE orders")
-    copy_rate = rows / binary_copy_seconds(conninfo)
+    copy_rate = rows / copy_seconds(conninfo, "(FORMAT binary)")
     print_figure("baseline: COPY orders TO STDOUT (FORMAT binary), one client", copy_rate, "rows/s")
     all_kinds = '["changelog", "mirror", "history"]'
     rates: dict[tuple[str, str], float] = {}
@@ -195,7 +184,7 @@ def main() -> None:
             psql_rate = args.rows / psql_copy_seconds(psql, conninfo)
             print_figure("baseline: psql \\copy orders to /dev/null", psql_rate, "rows/s")
             baselines.append(psql_rate)
-        drain_rate = args.rows / psycopg_copy_seconds(conninfo)
+        drain_rate = args.rows / copy_seconds(conninfo)
         print_figure("baseline: COPY TO STDOUT drained by psycopg", drain_rate, "rows/s")
         baseline = drain_rate
 
