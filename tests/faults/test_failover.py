@@ -3,8 +3,9 @@ pg_basebackup (slot synchronization on, the standby's slot in the primary's
 synchronized_standby_slots), ``pipeline run`` with a conninfo naming every host and
 ``target_session_attrs=primary``, a workload that goes on through the failovers. The primary is
 stopped (immediate), with part of an open transaction streamed to pgcdc, and the standby
-promoted; then the new primary gets a standby of its own
-and hands over to it in a planned switchover (fast stop, promote). The pipeline creates its
+promoted; then each new primary gets a standby of its own, which takes over in turn: once
+after the primary is stopped (immediate) with an ordinary transaction of several statements
+open, then in a planned switchover (fast stop, promote). The pipeline creates its
 slot as a failover slot, finds each new primary on its own and resumes from the synchronized
 copy of its slot: the lake's mirror equals the source and the change log holds every change
 once. Where the slot cannot follow (not a failover slot, or a standby behind the log when
@@ -15,6 +16,7 @@ silent gap.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +127,22 @@ def _streamed_transactions(server: LocalCluster) -> int:
 
 
 @contextlib.contextmanager
+def _open_transaction(primary: LocalCluster) -> Iterator[None]:
+    """An ordinary transaction of several statements (far below logical_decoding_work_mem, so
+    never streamed) left open on ``primary``: the server then dies with it, so it never
+    commits (rows with negative ids, which must never reach the change log)."""
+    conn = psycopg.connect(primary.conninfo())
+    try:
+        conn.execute("INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, 5) g")
+        conn.execute("UPDATE items SET n = n + 1 WHERE id = -1")
+        conn.execute("DELETE FROM items WHERE id = -2")
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+
+@contextlib.contextmanager
 def _streamed_open_transaction(primary: LocalCluster) -> Iterator[None]:
     """A transaction left open on ``primary`` once the walsender has streamed part of it to
     pgcdc: the server then dies with it, so it never commits (rows with negative ids, which
@@ -146,7 +164,7 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
     tmp_path: Path,
     spark: Any,  # noqa: F811
 ) -> None:
-    ports = (primary.port, free_port(), free_port())
+    ports = (primary.port, free_port(), free_port(), free_port())
     conninfo = _multi_host(*ports)
     clusters = [primary]
     standbys.append(_standby(primary, ports[1]))
@@ -173,12 +191,19 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
             with _streamed_open_transaction(clusters[0]):
                 _fail_over(clusters[0], clusters[1], "immediate")
             workload.wait_for(workload.transactions + 30)
-            # The new primary gets a standby of its own, which is promoted in turn.
-            standbys.append(_standby(clusters[1], ports[2]))
-            clusters.append(standbys[-1])
-            workload.wait_for(workload.transactions + 30)
-            _fail_over(clusters[1], clusters[2], "fast")
-            workload.wait_for(workload.transactions + 30)
+            # Each new primary gets a standby of its own, which is promoted in turn: the
+            # primary dies while an ordinary transaction is open, then a planned switchover.
+            for stop_mode in ("immediate", "fast"):
+                old, new = clusters[-1], _standby(clusters[-1], ports[len(clusters)])
+                standbys.append(new)
+                clusters.append(new)
+                workload.wait_for(workload.transactions + 30)
+                # Synchronized first: an open transaction holds the slot back.
+                wait_until(functools.partial(_synced, old, new), timeout=120, interval=0.2)
+                crash = stop_mode == "immediate"
+                with _open_transaction(old) if crash else contextlib.nullcontext():
+                    _fail_over(old, new, stop_mode)
+                workload.wait_for(workload.transactions + 30)
         _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
     finally:
         stop.set()
@@ -187,7 +212,7 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
     assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
     origin = load_origin(str(tmp_path / "log"))
-    assert origin is not None and origin.timeline == 3
+    assert origin is not None and origin.timeline == 4
 
 
 def _receiver_through_a_failover(
