@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgcdc import pipeline
 from pgcdc.errors import ServerIsStandby, SlotNotSynced, TimelineDiverged
 from pgcdc.localpg import LocalCluster, embedded_installation, free_port, wait_until
 from pgcdc.pipeline.origin import load_origin
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import RetryPolicy
 from tests.conftest import TEST_SETTINGS
+from tests.faults.ha import multi_host, pipeline_running
 from tests.faults.test_reconnect import (
+    ITEMS,
     SLOT,
     Workload,
     _check_logged_exactly_once,
@@ -46,15 +46,6 @@ from tests.faults.test_reconnect import (
 )
 
 STANDBY_SLOT = "standby"
-
-
-def _multi_host(*ports: int) -> str:
-    """A conninfo naming every server; libpq picks the one that is primary."""
-    return (
-        f"host={','.join(['127.0.0.1'] * len(ports))} port={','.join(map(str, ports))} "
-        "user=postgres password=pgcdc-local dbname=postgres target_session_attrs=primary "
-        "connect_timeout=5"
-    )
 
 
 @pytest.fixture
@@ -72,7 +63,7 @@ def primary() -> Iterator[LocalCluster]:
     settings = {**TEST_SETTINGS, "logical_decoding_work_mem": "64kB"}
     with LocalCluster(embedded_installation(), settings=settings) as cluster:
         with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-            conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
+            conn.execute(ITEMS)
             conn.execute("CREATE PUBLICATION pub FOR TABLE items")
         yield cluster
 
@@ -165,23 +156,12 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
     spark: Any,  # noqa: F811
 ) -> None:
     ports = (primary.port, free_port(), free_port(), free_port())
-    conninfo = _multi_host(*ports)
+    conninfo = multi_host(*ports)
     clusters = [primary]
     standbys.append(_standby(primary, ports[1]))
     clusters.append(standbys[-1])
     settings = _settings(conninfo, tmp_path)  # the pipeline creates its slot: failover
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
-        except BaseException as error:
-            failure.append(error)
-
-    runner = threading.Thread(target=run, name="pipeline")
-    try:
-        runner.start()
+    with pipeline_running(settings, spark) as (runner, failure):
         wait_until(lambda: _streaming(primary) or failure, timeout=120)  # the slot is there
         with Workload(conninfo) as workload:
             workload.wait_for(30)
@@ -205,9 +185,6 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
                     _fail_over(old, new, stop_mode)
                 workload.wait_for(workload.transactions + 30)
         _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
-    finally:
-        stop.set()
-        runner.join(120)
     assert not failure, failure
     assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
@@ -222,7 +199,7 @@ def _receiver_through_a_failover(
     stopped (so it falls behind) unless ``synchronized``; then the primary stops (immediate),
     the standby starts again if needed and is promoted. Returns how the receiver ended."""
     standby = _standby(primary, free_port(), synchronized=synchronized)
-    conninfo = _multi_host(primary.port, standby.port)
+    conninfo = multi_host(primary.port, standby.port)
     process = ReceiverProcess(_settings(conninfo, tmp_path, failover=failover), None)
     process.start()
     try:

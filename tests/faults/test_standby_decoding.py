@@ -37,11 +37,23 @@ from pgcdc.localpg import (
     wait_until,
 )
 from pgcdc.lsn import LSN
+from pgcdc.pipeline.origin import load_origin
 from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import SinkKind, read_table
 from tests.cli.helpers import assert_one_line_error, pgcdc
 from tests.conftest import TEST_SETTINGS
-from tests.faults.test_reconnect import spark  # noqa: F401 (the module's SparkSession fixture)
+from tests.faults.ha import multi_host, pipeline_running
+from tests.faults.test_reconnect import (
+    ITEMS,
+    Workload,
+    _check_logged_exactly_once,
+    _mirror,
+    _slot,
+    _source_rows,
+    _wait_caught_up,
+    spark,  # noqa: F401 (the module's SparkSession fixture)
+)
+from tests.faults.test_reconnect import _settings as reconnect_settings
 
 PHYSICAL_SLOT = "standby1"
 SLOT = "sb"
@@ -157,8 +169,11 @@ def _create_slot(settings: pipeline.Settings) -> None:
         pipeline.claim_slot(settings, writer)
 
 
+REPLAYED = "SELECT pg_last_wal_replay_lsn()::text"
+
+
 def _replayed_through(standby: LocalCluster, lsn: LSN) -> bool:
-    replayed = _scalar(standby.conninfo(), "SELECT pg_last_wal_replay_lsn()::text")
+    replayed = _scalar(standby.conninfo(), REPLAYED)
     return LSN.parse(replayed) >= lsn
 
 
@@ -412,3 +427,39 @@ def test_the_opt_in_is_a_source_key_of_the_pipeline_file(tmp_path: Path) -> None
     config.write_text('[source]\nconninfo = "host=db"\nstandby = "yes"\n')
     with pytest.raises(InvalidOption, match="standby"):
         pipeline.load(config, {})
+
+
+def test_pipeline_run_goes_on_through_a_promotion_of_the_standby_it_decodes_on(
+    tmp_path: Path,
+    spark: Any,  # noqa: F811
+) -> None:
+    """``pipeline run`` streams from a slot on the standby under a workload on the primary;
+    the primary is stopped (immediate) and the standby promoted, and the workload goes on on
+    it. The slot stays on the promoted server: pgcdc goes on streaming from it on the new
+    timeline, and the mirror equals the source with every change logged once."""
+    with _pair(embedded_installation()) as (primary, standby):
+        _execute(primary.conninfo(), ITEMS)
+        settings = reconnect_settings(standby.conninfo(), tmp_path, standby=True)
+        with _standby_snapshots(primary):
+            _create_slot(settings)
+        with pipeline_running(settings, spark) as (runner, failure):
+            with Workload(multi_host(primary.port, standby.port)) as workload:
+                workload.wait_for(30)
+                # pgcdc has logged part of the workload from the standby's slot.
+                replayed = LSN.parse(_scalar(standby.conninfo(), REPLAYED))
+                wait_until(lambda: _slot(standby.conninfo())[1] >= replayed or failure, 120)
+                primary.stop("immediate")
+                standby.promote()
+                workload.wait_for(workload.transactions + 30)
+            _wait_caught_up(standby.conninfo(), tmp_path / "lake", runner, failure)
+        assert not failure, failure
+        assert _mirror(tmp_path / "lake") == _source_rows(standby.conninfo())
+        _check_logged_exactly_once(standby.conninfo(), tmp_path / "log")
+        # The stream went on through the promotion (no new session): the next start finds
+        # the log past the end of timeline 1 and accepts it, the slot being the server's own,
+        # and streams on from it.
+        _execute(standby.conninfo(), "UPDATE items SET n = n + 1 WHERE id % 10 = 0")
+        pipeline.receive(settings, pipeline.current_wal_lsn(standby.conninfo()), None)
+        _check_logged_exactly_once(standby.conninfo(), tmp_path / "log")
+        origin = load_origin(str(tmp_path / "log"))
+        assert origin is not None and origin.timeline == 2 and origin.on_standby
