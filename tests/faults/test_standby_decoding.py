@@ -284,17 +284,31 @@ def _lower_wal_level(primary: LocalCluster) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reason", "feedback", "conflict", "advice"),
+    ("reason", "feedback", "conflict", "advice", "check_advice"),
     [
-        ("rows_removed", "off", _remove_catalog_rows, "hot_standby_feedback = on"),
-        ("wal_level_insufficient", "on", _lower_wal_level, "wal_level = logical on the primary"),
+        (
+            "rows_removed",
+            "off",
+            _remove_catalog_rows,
+            "hot_standby_feedback = on",
+            "ALTER SYSTEM SET hot_standby_feedback = on",
+        ),
+        (
+            "wal_level_insufficient",
+            "on",
+            _lower_wal_level,
+            "wal_level = logical on the primary",
+            'requires "wal_level" >= "logical" on the primary; on the primary: ALTER SYSTEM '
+            "SET wal_level = logical and restart it",
+        ),
     ],
 )
 def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(
-    tmp_path: Path, reason: str, feedback: str, conflict: Any, advice: str
+    tmp_path: Path, reason: str, feedback: str, conflict: Any, *, advice: str, check_advice: str
 ) -> None:
     """The standby invalidates its slot while the receiver streams from it: the run ends
-    with SlotInvalidated naming the reason and the fix, and so does the next start."""
+    with SlotInvalidated naming the reason and the fix, and so does the next start; pgcdc
+    check on the standby names the setting to fix."""
     with _pair(embedded_installation(), hot_standby_feedback=feedback) as (primary, standby):
         settings = _settings(standby.conninfo(), tmp_path / "log", standby=True)
         with _standby_snapshots(primary):
@@ -330,6 +344,9 @@ def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(
         # The next start finds the slot invalidated before streaming, and says so, typed.
         with pytest.raises(SlotInvalidated, match=rf"invalidated \({reason}\).*start over"):
             pipeline.receive(settings, None, None)
+        with _standby_snapshots(primary):
+            checked = pgcdc("check", "-d", standby.conninfo())
+        assert_one_line_error(checked, check_advice)
 
 
 def _accounts(logged: Logged) -> dict[str, tuple[Any, ...]]:
@@ -377,6 +394,44 @@ def test_a_standby_before_postgresql_16_is_refused_typed(tmp_path: Path) -> None
         settings = _settings(standby.conninfo(), tmp_path / "log", standby=True)
         with pytest.raises(UnsupportedFeature, match="needs PostgreSQL 16 or later"):
             _create_slot(settings)
+        checked = pgcdc("check", "-d", standby.conninfo())
+        assert_one_line_error(checked, "standby", "needs PostgreSQL 16 or later")
+
+
+def test_pgcdc_check_on_a_standby_says_what_decoding_there_needs() -> None:
+    """``pgcdc check`` against a standby (PostgreSQL 16+) checks hot_standby_feedback and
+    primary_slot_name there, and says what it cannot check or offer: the primary's
+    wal_level, a failover slot."""
+    with _pair(embedded_installation()) as (primary, standby), _standby_snapshots(primary):
+        ready = pgcdc("check", "-d", standby.conninfo(), "-S", SLOT, "--create-slot")
+        assert ready.returncode == 0, ready.stderr.decode()
+        out = ready.stdout.decode()
+        assert (
+            "decoding on this standby: hot_standby_feedback on, streams through physical slot "
+            f"{PHYSICAL_SLOT} on the primary"
+        ) in out
+        assert "primary's wal_level: logical" in out
+        assert "cannot be a failover slot (PostgreSQL refuses FAILOVER in recovery)" in out
+        _execute(
+            standby.conninfo(),
+            "ALTER SYSTEM SET hot_standby_feedback = off",
+            "ALTER SYSTEM SET primary_slot_name = ''",
+            "SELECT pg_reload_conf()",
+        )
+        missing = pgcdc("check", "-d", standby.conninfo())
+        assert_one_line_error(
+            missing,
+            "not ready for logical decoding on it (2 to fix)",
+            "on the standby: ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()",
+            "rows_removed",
+            "on the primary: SELECT pg_create_physical_replication_slot('<name>'); on the "
+            "standby: ALTER SYSTEM SET primary_slot_name = '<name>'",
+        )
+        _execute(standby.conninfo(), "ALTER SYSTEM SET hot_standby_feedback = on")
+        _execute(standby.conninfo(), "SELECT pg_reload_conf()")
+        one = pgcdc("check", "-d", standby.conninfo())
+        line = assert_one_line_error(one, "(1 to fix)", "primary_slot_name")
+        assert "hot_standby_feedback = on" not in line
 
 
 def _lake_rows(lake: Path, table: str, columns: list[str]) -> set[tuple[Any, ...]]:
