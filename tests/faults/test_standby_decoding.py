@@ -48,9 +48,11 @@ from tests.faults.test_reconnect import (
     ITEMS,
     Workload,
     _check_logged_exactly_once,
+    _current_lsn,
     _mirror,
     _slot,
     _source_rows,
+    _terminate_walsender,
     _wait_caught_up,
     spark,  # noqa: F401 (the module's SparkSession fixture)
 )
@@ -492,7 +494,8 @@ def test_pipeline_run_goes_on_through_a_promotion_of_the_standby_it_decodes_on(
     """``pipeline run`` streams from a slot on the standby under a workload on the primary;
     the primary is stopped (immediate) and the standby promoted, and the workload goes on on
     it. The slot stays on the promoted server: pgcdc goes on streaming from it on the new
-    timeline, and the mirror equals the source with every change logged once."""
+    timeline, in the same session and in a new one, and the mirror equals the source with
+    every change logged once."""
     with _pair(embedded_installation()) as (primary, standby):
         _execute(primary.conninfo(), ITEMS)
         settings = reconnect_settings(standby.conninfo(), tmp_path, standby=True)
@@ -507,15 +510,19 @@ def test_pipeline_run_goes_on_through_a_promotion_of_the_standby_it_decodes_on(
                 primary.stop("immediate")
                 standby.promote()
                 workload.wait_for(workload.transactions + 30)
+                # The session went on through the promotion: the log holds changes of
+                # timeline 2 and still records timeline 1.
+                promoted_end = _current_lsn(standby.conninfo())
+                wait_until(lambda: _slot(standby.conninfo())[1] >= promoted_end or failure, 120)
+                origin = load_origin(str(tmp_path / "log"))
+                assert origin is not None and origin.timeline == 1
+                # A new session accepts the log past the end of timeline 1, the slot being
+                # the promoted server's own, and streams on from it.
+                _terminate_walsender(standby.conninfo())
+                workload.wait_for(workload.transactions + 30)
             _wait_caught_up(standby.conninfo(), tmp_path / "lake", runner, failure)
         assert not failure, failure
         assert _mirror(tmp_path / "lake") == _source_rows(standby.conninfo())
-        _check_logged_exactly_once(standby.conninfo(), tmp_path / "log")
-        # The stream went on through the promotion (no new session): the next start finds
-        # the log past the end of timeline 1 and accepts it, the slot being the server's own,
-        # and streams on from it.
-        _execute(standby.conninfo(), "UPDATE items SET n = n + 1 WHERE id % 10 = 0")
-        pipeline.receive(settings, pipeline.current_wal_lsn(standby.conninfo()), None)
         _check_logged_exactly_once(standby.conninfo(), tmp_path / "log")
         origin = load_origin(str(tmp_path / "log"))
         assert origin is not None and origin.timeline == 2 and origin.on_standby
