@@ -95,8 +95,8 @@ class TimelineDiverged(ConfigurationError):
 
 
 class StandbyNotReady(ConfigurationError):
-    """A physical standby could not take over the pipeline's slot after a failover; the
-    message lists what to set, and where."""
+    """A physical standby could not take over the pipeline's slot after a failover, or is not
+    ready to decode on; the message lists what to set, and where."""
 
 
 class PublicationNotFound(ConfigurationError):

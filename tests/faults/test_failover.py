@@ -3,8 +3,9 @@ pg_basebackup (slot synchronization on, the standby's slot in the primary's
 synchronized_standby_slots), ``pipeline run`` with a conninfo naming every host and
 ``target_session_attrs=primary``, a workload that goes on through the failovers. The primary is
 stopped (immediate), with part of an open transaction streamed to pgcdc, and the standby
-promoted; then the new primary gets a standby of its own
-and hands over to it in a planned switchover (fast stop, promote). The pipeline creates its
+promoted; then each new primary gets a standby of its own, which takes over in turn: once
+after the primary is stopped (immediate) with an ordinary transaction of several statements
+open, then in a planned switchover (fast stop, promote). The pipeline creates its
 slot as a failover slot, finds each new primary on its own and resumes from the synchronized
 copy of its slot: the lake's mirror equals the source and the change log holds every change
 once. Where the slot cannot follow (not a failover slot, or a standby behind the log when
@@ -15,7 +16,7 @@ silent gap.
 from __future__ import annotations
 
 import contextlib
-import threading
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgcdc import pipeline
 from pgcdc.errors import ServerIsStandby, SlotNotSynced, TimelineDiverged
 from pgcdc.localpg import LocalCluster, embedded_installation, free_port, wait_until
 from pgcdc.pipeline.origin import load_origin
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import RetryPolicy
 from tests.conftest import TEST_SETTINGS
+from tests.faults.ha import multi_host, pipeline_running
 from tests.faults.test_reconnect import (
+    ITEMS,
     SLOT,
     Workload,
     _check_logged_exactly_once,
@@ -44,15 +46,6 @@ from tests.faults.test_reconnect import (
 )
 
 STANDBY_SLOT = "standby"
-
-
-def _multi_host(*ports: int) -> str:
-    """A conninfo naming every server; libpq picks the one that is primary."""
-    return (
-        f"host={','.join(['127.0.0.1'] * len(ports))} port={','.join(map(str, ports))} "
-        "user=postgres password=pgcdc-local dbname=postgres target_session_attrs=primary "
-        "connect_timeout=5"
-    )
 
 
 @pytest.fixture
@@ -70,7 +63,7 @@ def primary() -> Iterator[LocalCluster]:
     settings = {**TEST_SETTINGS, "logical_decoding_work_mem": "64kB"}
     with LocalCluster(embedded_installation(), settings=settings) as cluster:
         with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
-            conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
+            conn.execute(ITEMS)
             conn.execute("CREATE PUBLICATION pub FOR TABLE items")
         yield cluster
 
@@ -125,6 +118,22 @@ def _streamed_transactions(server: LocalCluster) -> int:
 
 
 @contextlib.contextmanager
+def _open_transaction(primary: LocalCluster) -> Iterator[None]:
+    """An ordinary transaction of several statements (far below logical_decoding_work_mem, so
+    never streamed) left open on ``primary``: the server then dies with it, so it never
+    commits (rows with negative ids, which must never reach the change log)."""
+    conn = psycopg.connect(primary.conninfo())
+    try:
+        conn.execute("INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, 5) g")
+        conn.execute("UPDATE items SET n = n + 1 WHERE id = -1")
+        conn.execute("DELETE FROM items WHERE id = -2")
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.close()
+
+
+@contextlib.contextmanager
 def _streamed_open_transaction(primary: LocalCluster) -> Iterator[None]:
     """A transaction left open on ``primary`` once the walsender has streamed part of it to
     pgcdc: the server then dies with it, so it never commits (rows with negative ids, which
@@ -146,24 +155,13 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
     tmp_path: Path,
     spark: Any,  # noqa: F811
 ) -> None:
-    ports = (primary.port, free_port(), free_port())
-    conninfo = _multi_host(*ports)
+    ports = (primary.port, free_port(), free_port(), free_port())
+    conninfo = multi_host(*ports)
     clusters = [primary]
     standbys.append(_standby(primary, ports[1]))
     clusters.append(standbys[-1])
     settings = _settings(conninfo, tmp_path)  # the pipeline creates its slot: failover
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
-        except BaseException as error:
-            failure.append(error)
-
-    runner = threading.Thread(target=run, name="pipeline")
-    try:
-        runner.start()
+    with pipeline_running(settings, spark) as (runner, failure):
         wait_until(lambda: _streaming(primary) or failure, timeout=120)  # the slot is there
         with Workload(conninfo) as workload:
             workload.wait_for(30)
@@ -173,21 +171,25 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
             with _streamed_open_transaction(clusters[0]):
                 _fail_over(clusters[0], clusters[1], "immediate")
             workload.wait_for(workload.transactions + 30)
-            # The new primary gets a standby of its own, which is promoted in turn.
-            standbys.append(_standby(clusters[1], ports[2]))
-            clusters.append(standbys[-1])
-            workload.wait_for(workload.transactions + 30)
-            _fail_over(clusters[1], clusters[2], "fast")
-            workload.wait_for(workload.transactions + 30)
+            # Each new primary gets a standby of its own, which is promoted in turn: the
+            # primary dies while an ordinary transaction is open, then a planned switchover.
+            for stop_mode in ("immediate", "fast"):
+                old, new = clusters[-1], _standby(clusters[-1], ports[len(clusters)])
+                standbys.append(new)
+                clusters.append(new)
+                workload.wait_for(workload.transactions + 30)
+                # Synchronized first: an open transaction holds the slot back.
+                wait_until(functools.partial(_synced, old, new), timeout=120, interval=0.2)
+                crash = stop_mode == "immediate"
+                with _open_transaction(old) if crash else contextlib.nullcontext():
+                    _fail_over(old, new, stop_mode)
+                workload.wait_for(workload.transactions + 30)
         _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
-    finally:
-        stop.set()
-        runner.join(120)
     assert not failure, failure
     assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
     origin = load_origin(str(tmp_path / "log"))
-    assert origin is not None and origin.timeline == 3
+    assert origin is not None and origin.timeline == 4
 
 
 def _receiver_through_a_failover(
@@ -197,7 +199,7 @@ def _receiver_through_a_failover(
     stopped (so it falls behind) unless ``synchronized``; then the primary stops (immediate),
     the standby starts again if needed and is promoted. Returns how the receiver ended."""
     standby = _standby(primary, free_port(), synchronized=synchronized)
-    conninfo = _multi_host(primary.port, standby.port)
+    conninfo = multi_host(primary.port, standby.port)
     process = ReceiverProcess(_settings(conninfo, tmp_path, failover=failover), None)
     process.start()
     try:

@@ -53,9 +53,13 @@ def _settings(conninfo: str, tmp_path: Path, **changes: Any) -> pipeline.Setting
     return pipeline.with_overrides(settings, **changes)
 
 
+# The table the workload writes.
+ITEMS = "CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)"
+
+
 def _source(conninfo: str) -> None:
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
+        conn.execute(ITEMS)
         conn.execute("CREATE PUBLICATION pub FOR TABLE items")
         conn.execute(f"SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')")
 
@@ -449,7 +453,7 @@ def test_a_server_crash_mid_snapshot_never_leaves_a_partial_snapshot(
     takes the snapshot again, so the log holds every row once, never a partial copy."""
     conninfo = own_cluster.conninfo()
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text, n int NOT NULL)")
+        conn.execute(ITEMS)
         # Negative ids: the workload's inserts (positive) never collide with them.
         conn.execute(
             "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",

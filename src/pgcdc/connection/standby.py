@@ -8,6 +8,14 @@ standby's slot in ``synchronized_standby_slots``, so that the primary sends a lo
 only once the standby has it (without it a promoted standby may lack changes pgcdc already
 logged). ``check_standby`` reads both and lists everything missing, each with the statement
 that sets it, in one ``StandbyNotReady``.
+
+Decoding on a standby (PostgreSQL 16+) needs less of it, but from the standby alone:
+hot_standby_feedback and ``primary_slot_name``, so that the primary keeps the catalog rows the
+standby's slots need (else a VACUUM there makes the standby invalidate them), which
+``check_decoding_on_standby`` lists. The primary's ``wal_level = logical`` shows on the standby
+only through its slots: it creates none and invalidates all (``wal_level_insufficient``) while
+the primary's level is lower, so the preflight's slot (the one named, or a temporary probe)
+proves it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ from pgcdc.connection.conninfo import connect
 from pgcdc.connection.sql import FAILOVER_SLOTS, SlotInfo, get_slot
 from pgcdc.errors import StandbyNotReady
 
-__all__ = ["StandbyReport", "check_standby", "in_recovery"]
+__all__ = [
+    "DecodingStandbyReport",
+    "StandbyReport",
+    "check_decoding_on_standby",
+    "check_standby",
+    "in_recovery",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +47,27 @@ class StandbyReport:
     primary_slot_name: str
     # The pipeline's slot as the standby has it (None: not synchronized yet, or none asked).
     synced_slot: SlotInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodingStandbyReport:
+    """What the check of a standby to decode on found: ready."""
+
+    primary_slot_name: str
+
+
+ON_STANDBY = "on the standby"
+
+
+def _turn_on(name: str) -> str:
+    return f"{ON_STANDBY}: ALTER SYSTEM SET {name} = on; SELECT pg_reload_conf()"
+
+
+# The standby's primary_slot_name, with the physical slot it names on the primary.
+PRIMARY_SLOT_FIX = (
+    "on the primary: SELECT pg_create_physical_replication_slot('<name>'); "
+    f"{ON_STANDBY}: ALTER SYSTEM SET primary_slot_name = '<name>'; SELECT pg_reload_conf()"
+)
 
 
 def _settings(conn: psycopg.Connection[Any], *names: str) -> dict[str, str]:
@@ -72,19 +107,14 @@ def check_standby(primary: str, standby: str, *, slot: str | None = None) -> Sta
         )
         synced = get_slot(conn, slot) if slot else None
     fixes: list[str] = []
-    on_standby = "on the standby"
     for name in ("sync_replication_slots", "hot_standby_feedback"):
         if found.get(name) != "on":
-            fixes.append(f"{on_standby}: ALTER SYSTEM SET {name} = on; SELECT pg_reload_conf()")
+            fixes.append(_turn_on(name))
     if found.get("wal_level") != "logical":
-        fixes.append(f"{on_standby}: ALTER SYSTEM SET wal_level = logical, then restart it")
+        fixes.append(f"{ON_STANDBY}: ALTER SYSTEM SET wal_level = logical, then restart it")
     physical = found.get("primary_slot_name", "")
     if not physical:
-        fixes.append(
-            "on the primary: SELECT pg_create_physical_replication_slot('<name>'); "
-            f"{on_standby}: ALTER SYSTEM SET primary_slot_name = '<name>'; SELECT "
-            "pg_reload_conf()"
-        )
+        fixes.append(PRIMARY_SLOT_FIX)
     primary_conninfo = found.get("primary_conninfo", "")
     if primary_conninfo and "*" not in primary_conninfo:  # hidden from roles without rights
         try:
@@ -93,7 +123,7 @@ def check_standby(primary: str, standby: str, *, slot: str | None = None) -> Sta
             names_database = False
         if not names_database:
             fixes.append(
-                f"{on_standby}: add dbname=<a database> to primary_conninfo (ALTER SYSTEM SET "
+                f"{ON_STANDBY}: add dbname=<a database> to primary_conninfo (ALTER SYSTEM SET "
                 "primary_conninfo = '... dbname=postgres'; SELECT pg_reload_conf()): slot "
                 "synchronization connects to a database"
             )
@@ -134,3 +164,30 @@ def check_standby(primary: str, standby: str, *, slot: str | None = None) -> Sta
             + "; and ".join(fixes)
         )
     return StandbyReport(physical, synced if synced is not None and synced.synced else None)
+
+
+def check_decoding_on_standby(conninfo: str) -> DecodingStandbyReport:
+    """Check what decoding on the standby ``conninfo`` reaches needs beyond what any server
+    needs (pgcdc.connection.preflight checks that, and PostgreSQL 16+); StandbyNotReady lists
+    each missing setting with the statement that sets it, and where."""
+    with server_errors.translated(), connect(conninfo) as conn:
+        found = _settings(conn, "hot_standby_feedback", "primary_slot_name")
+    fixes: list[str] = []
+    if found.get("hot_standby_feedback") != "on":
+        fixes.append(
+            _turn_on("hot_standby_feedback")
+            + " (else a VACUUM on the primary removes catalog rows the standby's slots need, "
+            "and the standby invalidates them: rows_removed)"
+        )
+    physical = found.get("primary_slot_name", "")
+    if not physical:
+        fixes.append(
+            PRIMARY_SLOT_FIX + " (so that the primary keeps what hot_standby_feedback asks "
+            "for while the standby is disconnected or restarting)"
+        )
+    if fixes:
+        raise StandbyNotReady(
+            f"the server is a standby, not ready for logical decoding on it ({len(fixes)} to "
+            "fix): " + "; and ".join(fixes)
+        )
+    return DecodingStandbyReport(physical)

@@ -554,6 +554,8 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     if origin is not None:
         if origin.timeline is None:  # a new record: where it started
             origin = replace(origin, system_id=server.system_id, timeline=server.timeline)
+        if standby:  # the slot is this standby's own: a promotion of it keeps the slot
+            origin = replace(origin, on_standby=True)
         save_origin(root, origin, settings.storage)
         clear_snapshot_pending(root, settings.storage)
     return origin

@@ -23,6 +23,11 @@ the server is on a new timeline; its history (TIMELINE_HISTORY) says where the r
 timeline ended. A log that holds changes past that point holds changes the promoted standby
 never received, which the source lost: that is refused (``TimelineDiverged``), as is a new
 primary without the slot (``SlotNotSynced``), instead of a new slot with a gap.
+
+Decoding on a standby: the slot is that standby's own (``on_standby`` in the record). When the
+standby is promoted, the walsender goes on decoding the server's new timeline in the same
+session, so the log may hold changes past where the old timeline ended; they came from that
+same slot on that same server, which is accepted when the slot is not a synchronized copy.
 """
 
 from __future__ import annotations
@@ -85,6 +90,9 @@ class SlotOrigin:
     # IDENTIFY_SYSTEM's, when last checked (None in records written before they were kept).
     system_id: int | None = None
     timeline: int | None = None
+    # The slot was met on a server in recovery (decoding on a standby): it is that server's
+    # own, so a promotion of that server keeps it (see the module docstring).
+    on_standby: bool = False
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
@@ -105,6 +113,7 @@ class SlotOrigin:
             confirmed_bound=LSN.parse(data["confirmed_bound"]),
             system_id=None if system_id is None else int(system_id),
             timeline=None if timeline is None else int(timeline),
+            on_standby=bool(data.get("on_standby", False)),
         )
 
 
@@ -272,7 +281,16 @@ def verify(
             "filled from, no longer exists: a new slot would start after the changes made "
             f"since, a gap nothing could fill, so pgcdc will not create one; {_start_over(name)}"
         )
-    if switched_at is not None and log_end > switched_at:
+    # The promoted server is the standby the slot was created on, and pgcdc streamed from it
+    # through the promotion: what the log holds past the switch is that server's new timeline.
+    streamed_through_promotion = (
+        switched_at is not None
+        and log_end > switched_at
+        and origin is not None
+        and origin.on_standby
+        and not slot.synced
+    )
+    if switched_at is not None and log_end > switched_at and not streamed_through_promotion:
         assert origin is not None and server is not None
         raise TimelineDiverged(
             f"the change log holds changes up to {log_end}, but timeline {origin.timeline} "
@@ -283,7 +301,19 @@ def verify(
             f"pgcdc never receives what a standby has not (pgcdc check --standby); now "
             f"{_start_over(name)}"
         )
-    if switched_at is not None:
+    if streamed_through_promotion:
+        assert origin is not None and server is not None
+        log.warning(
+            "timeline switch (a promotion of the standby slot %r was created on): timeline %s "
+            "ended at %s; the server is now on timeline %s; the change log, up to %s, was "
+            "filled from that same slot through the promotion, so it goes on from there",
+            name,
+            origin.timeline,
+            switched_at,
+            server.timeline,
+            log_end,
+        )
+    elif switched_at is not None:
         assert origin is not None and server is not None
         log.warning(
             "timeline switch (a failover): the change log was filled on timeline %s, which "
