@@ -578,10 +578,15 @@ def _copy(
         raise SnapshotError("the server created the slot but exported no snapshot")
     commit_lsn = LSN(consistent_point - 1)
     if sink.last_commit_lsn >= commit_lsn:
+        fix = (
+            "the slot was drained past it, which would log later changes before the copy: "
+            "report this as a bug"
+            if truncate
+            else "write the snapshot into a new change log"
+        )
         raise SnapshotError(
             f"the sink already holds transactions up to {sink.last_commit_lsn}, at or past the "
-            f"snapshot's consistent point {consistent_point}; write the snapshot into a new "
-            "change log"
+            f"snapshot's consistent point {consistent_point}; {fix}"
         )
     with open_worker(conninfo, snapshot_name, session_settings) as planner:
         specs = snapshot_tables(planner, tables, publications)
