@@ -219,6 +219,22 @@ class StaleRowsWarning(UserWarning):
     with a volatile default, or ALTER COLUMN ... TYPE: both rewrite the table): re-copy it."""
 
 
+def _sql_name(part: str) -> str:
+    """``part`` as SQL names it: as is when lower-case and plain, else double-quoted."""
+    if re.fullmatch(r"[a-z_][a-z0-9_$]*", part):
+        return part
+    return '"' + part.replace('"', '""') + '"'
+
+
+def recopy_hint(namespace: str, name: str) -> str:
+    """The command that re-copies a table whose rows went stale (``StaleRowsWarning``)."""
+    return (
+        f"stop the pipeline and run it once with --recopy {_sql_name(namespace)}."
+        f"{_sql_name(name)} (pgcdc pipeline run --config ... --recopy ...), which replaces "
+        "the table downstream by a copy of it and streams on from there"
+    )
+
+
 class InvalidChangeBatch(SinkError, ValueError):
     """A change table does not follow the sink's input contract (``pgcdc.sinks.changes``)."""
 

@@ -17,6 +17,14 @@ The synthetic transaction's ``commit_lsn`` is ``consistent_point - 1`` and its `
 ``consistent_point``: a real transaction whose commit record starts exactly at the consistent
 point is decoded (not in the snapshot), and the sink's duplicate rule (drop a commit LSN not
 above the last one) would drop it if the snapshot claimed that same commit LSN.
+
+A re-copy (``recopy_tables``) uses the same machinery for tables a running pipeline already
+streams, after a change the slot never streams (a table rewrite) left their rows stale
+downstream: a TEMPORARY slot exports the snapshot at its consistent point C; the caller
+drains its own slot into the sink up to exactly C (every commit before C, none from C on);
+then one synthetic transaction at C - 1 / C holds a ``Truncate`` of the tables and their rows
+as of C. Applied in log order that is: every change before C, the tables replaced by their
+state at C, then (streamed afterwards from the slot) every change from C on.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import contextlib
 import queue
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +53,7 @@ from pgcdc.errors import (
     SlotAlreadyExists,
     SnapshotError,
 )
-from pgcdc.events import Column, Event, Insert, Relation, ReplicaIdentity, Row, Table
+from pgcdc.events import Column, Event, Insert, Relation, ReplicaIdentity, Row, Table, Truncate
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options
 from pgcdc.transactions import CommittedTransaction, TransactionSink
@@ -57,6 +66,7 @@ __all__ = [
     "copy_query",
     "parse_copy_text_row",
     "plan_chunks",
+    "recopy_tables",
     "snapshot_tables",
     "take_snapshot",
 ]
@@ -559,15 +569,24 @@ def _copy(
     workers: int,
     chunk_pages: int,
     session_settings: Mapping[str, str] | None,
+    truncate: bool = False,
 ) -> SnapshotResult:
+    """Copy the tables under the exported snapshot into one synthetic transaction in
+    ``sink`` at ``consistent_point - 1``; ``truncate``: a ``Truncate`` of them comes first
+    (a re-copy replaces what the sink holds of them)."""
     if not snapshot_name:
         raise SnapshotError("the server created the slot but exported no snapshot")
     commit_lsn = LSN(consistent_point - 1)
     if sink.last_commit_lsn >= commit_lsn:
+        fix = (
+            "the slot was drained past it, which would log later changes before the copy: "
+            "report this as a bug"
+            if truncate
+            else "write the snapshot into a new change log"
+        )
         raise SnapshotError(
             f"the sink already holds transactions up to {sink.last_commit_lsn}, at or past the "
-            f"snapshot's consistent point {consistent_point}; write the snapshot into a new "
-            "change log"
+            f"snapshot's consistent point {consistent_point}; {fix}"
         )
     with open_worker(conninfo, snapshot_name, session_settings) as planner:
         specs = snapshot_tables(planner, tables, publications)
@@ -594,6 +613,8 @@ def _copy(
             yield type_event(info, lsn)
         for spec in specs:
             yield Relation(lsn, spec.table)
+        if truncate and specs:
+            yield Truncate(lsn, tuple(spec.table for spec in specs))
         yield from copier.events()
 
     copier.start()
@@ -620,3 +641,49 @@ def _copy(
         bytes=copier.bytes,
         snapshot_name=snapshot_name,
     )
+
+
+def recopy_tables(
+    conninfo: str,
+    *,
+    sink: TransactionSink,
+    tables: Sequence[str],
+    publications: Sequence[str],
+    drain_to: Callable[[LSN], bool],
+    workers: int = 4,
+    chunk_pages: int = DEFAULT_CHUNK_PAGES,
+    session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
+) -> SnapshotResult | None:
+    """Replace ``tables`` in ``sink`` by their rows at a new consistent point C.
+
+    A TEMPORARY slot (gone with its connection, so a crash leaves nothing behind) exports the
+    snapshot at C. ``drain_to(C)`` must store in ``sink`` every transaction of the caller's
+    slot whose commit starts before C and none from C on (those are not in the snapshot: they
+    stream afterwards); False (a stop request) ends the re-copy with nothing appended (None).
+    Then one transaction at C - 1 truncates the tables and inserts their rows as of C.
+    """
+    if isinstance(tables, str) or isinstance(publications, str):
+        raise InvalidOption("tables and publications are sequences of names, not one string")
+    exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
+    try:
+        created = exporter.create_replication_slot(
+            f"pgcdc_recopy_{uuid.uuid4().hex[:16]}", "pgoutput", temporary=True, snapshot="export"
+        )
+        # The exporting connection stays open and idle (the snapshot lives while it does)
+        # while the caller's slot is drained on another connection.
+        if not drain_to(created.consistent_point):
+            return None
+        return _copy(
+            conninfo,
+            created.consistent_point,
+            created.snapshot_name,
+            sink=sink,
+            tables=tables,
+            publications=publications,
+            workers=workers,
+            chunk_pages=chunk_pages,
+            session_settings=session_settings,
+            truncate=True,
+        )
+    finally:
+        exporter.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -249,7 +250,14 @@ def assert_lake_matches(
     assert any(isinstance(e, Update) and UNCHANGED_TOAST in e.new for e in events)
     assert any(isinstance(e, Update) and e.old_is_key and e.table.name == "docs" for e in events)
     assert any(isinstance(e, Update) and e.old is not None and not e.old_is_key for e in events)
+    assert_logged_once(lake, TABLES, transactions)
 
+
+def assert_logged_once(
+    lake: Path, names: Iterable[str], transactions: list[CommittedTransaction]
+) -> None:
+    """Every change of ``transactions`` (the change log) is in its table's changelog Delta
+    table exactly once, and nothing else is."""
     # Per transaction, its changes in order (``_seq`` also counts Relation messages and the
     # like, which differ between two sessions or two protocol versions).
     logged: Counter[tuple[str, int, int, str]] = Counter()
@@ -261,7 +269,7 @@ def assert_lake_matches(
             for table in tables:
                 logged[(table.qualified_name, int(txn.commit_lsn), rank, op)] += 1
     by_commit: dict[int, list[tuple[int, str, str]]] = {}
-    for name in TABLES:
+    for name in names:
         changelog = read_table(lake_path(lake, name, SinkKind.CHANGELOG))
         for commit_lsn, seq, op in zip(
             changelog.column("_commit_lsn").to_pylist(),

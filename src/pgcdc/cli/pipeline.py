@@ -83,6 +83,13 @@ def register(subparsers: Any) -> None:
     run.add_argument("--max-changes-per-batch", type=_positive_int, metavar="N")
     run.add_argument("--max-bytes-per-batch", type=_positive_int, metavar="N")
     run.add_argument(
+        "--recopy", action="append", metavar="SCHEMA.TABLE",
+        help="before streaming on, replace the table downstream by a fresh copy of it (after "
+        "a change the slot does not stream left rows stale: a volatile ADD COLUMN DEFAULT, "
+        "ALTER COLUMN TYPE, a dropped column of a keyless REPLICA IDENTITY FULL table); "
+        "repeat for several",
+    )  # fmt: skip
+    run.add_argument(
         "--once", action="store_true",
         help="drain what the server has now (up to its current WAL position) and exit",
     )  # fmt: skip
@@ -115,6 +122,7 @@ def handle(args: argparse.Namespace) -> int:
             "trigger_interval": args.trigger_interval,
             "max_changes_per_batch": args.max_changes_per_batch,
             "max_bytes_per_batch": args.max_bytes_per_batch,
+            "recopy": args.recopy,
         },
     )
     stop = threading.Event()

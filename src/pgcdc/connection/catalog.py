@@ -24,7 +24,7 @@ from pgcdc.connection.deadline import answered_within
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
 from pgcdc.decoding.values import TypeRegistry
-from pgcdc.errors import StaleRowsWarning
+from pgcdc.errors import StaleRowsWarning, recopy_hint
 from pgcdc.events import Table, Type
 from pgcdc.lsn import LSN
 
@@ -252,8 +252,7 @@ class TypeDescriber:
                 f"{table.qualified_name}: column(s) {retyped} changed type (ALTER COLUMN ... "
                 "TYPE rewrites the table without logical changes): rows not changed since keep "
                 "their values as converted downstream, which may differ from the source's. "
-                "Re-copy the table: pgcdc cannot yet re-snapshot one table, so rebuild the "
-                "pipeline with a new slot and a fresh initial snapshot"
+                f"Re-copy the table: {recopy_hint(table.namespace, table.name)}"
             )
             log.warning("%s", message)
             warnings.warn(message, StaleRowsWarning, stacklevel=3)

@@ -63,6 +63,7 @@ from pgcdc.errors import (
     PipelineQueryError,
     ServerIsStandby,
     SlotNotFound,
+    SnapshotError,
     StatementTimedOut,
     StorageError,
     UnsupportedFeature,
@@ -88,7 +89,7 @@ from pgcdc.receiver import (
     RetryPolicy,
 )
 from pgcdc.sinks.kinds import SinkKind, parse_kinds
-from pgcdc.snapshot import SnapshotResult, take_snapshot
+from pgcdc.snapshot import SnapshotResult, recopy_tables, snapshot_tables, take_snapshot
 from pgcdc.storage import StorageOptions
 
 if TYPE_CHECKING:  # imported when a query starts: the receiver's process never loads Spark
@@ -161,6 +162,9 @@ class Settings:
     # Decode on a hot standby (PostgreSQL 16+): the server may be in recovery. Off by default
     # so that a multi-host conninfo never streams from a standby by accident after a failover.
     standby: bool = False
+    # Tables to re-copy before streaming on (``--recopy schema.table``, never in the file: a
+    # one-off remedy for rows a table rewrite left stale downstream).
+    recopy: tuple[str, ...] = ()
 
     def pipeline(self) -> PipelineConfig:
         from pgcdc.spark.pipeline import PipelineConfig
@@ -258,6 +262,8 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
         values["kinds"] = parse_kinds(values["kinds"])
     if "publications" in values:
         values["publications"] = tuple(values["publications"])
+    if values.get("recopy"):
+        values["recopy"] = tuple(dict.fromkeys(map(recopy_name, values["recopy"])))
     if values.get("snapshot", "initial") not in SNAPSHOT_MODES:
         raise InvalidOption(
             f"snapshot = {values['snapshot']!r}: use one of {', '.join(SNAPSHOT_MODES)}"
@@ -312,6 +318,21 @@ def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
             if section == "tables":
                 where += " (a table is named schema.table)"
             raise unknown("key", key, sections[section], where)
+
+
+# schema.table, each part a plain name or a double-quoted one ("" for a quote inside).
+_QUALIFIED_NAME = re.compile(r'(?:[^".\s]+|"(?:[^"]|"")+")\.(?:[^".\s]+|"(?:[^"]|"")+")')
+
+
+def recopy_name(name: str) -> str:
+    """A ``--recopy`` table as given, once it is a qualified name (schema.table, as in SQL:
+    unquoted parts fold to lower case); InvalidOption naming the form otherwise."""
+    if not _QUALIFIED_NAME.fullmatch(name):
+        raise InvalidOption(
+            f"--recopy {name!r} is not a table name: give it as schema.table (public.orders; "
+            'double-quote a part with capitals, dots or spaces: public."Order Lines")'
+        )
+    return name
 
 
 def parse_umask(value: str | int) -> int:
@@ -446,6 +467,13 @@ def _start_checks(settings: Settings) -> LSN:
         check_server_role(conn, standby_allowed=settings.standby)
         if not settings.create_slot and get_slot(conn, settings.slot) is None:
             raise missing_slot(settings)
+        if settings.recopy:
+            # Exists and is published (what the re-copy copies, as the slot streams it).
+            try:
+                snapshot_tables(conn, settings.recopy, settings.publications)
+            except SnapshotError as error:
+                raise SnapshotError(f"--recopy: {error}") from None
+            conn.rollback()
         return _wal_end(conn)
 
 
@@ -483,10 +511,55 @@ def receive(
             # Before every session: a slot replaced while the receiver was away is refused.
             guard.origin = claim_slot(settings, writer)
 
-        receiver = Receiver(
-            settings.receiver(end_lsn), writer, on_confirm=guard, before_session=claim
-        )
-        return receiver.run(stop, retry=settings.retry)
+        def receiver(end: LSN | None) -> Receiver:
+            return Receiver(settings.receiver(end), writer, on_confirm=guard, before_session=claim)
+
+        if settings.recopy:
+            if not recopy(settings, writer, receiver, claim, stop):
+                return ReceiverProgress(stopped_by="stop")
+            if end_lsn is not None:  # --once: what the server holds once the copy is logged
+                end_lsn = max(end_lsn, current_wal_lsn(settings.conninfo))
+        return receiver(end_lsn).run(stop, retry=settings.retry)
+
+
+def recopy(
+    settings: Settings,
+    writer: ChangeLogWriter,
+    receiver: Callable[[LSN | None], Receiver],
+    claim: Callable[[], None],
+    stop: threading.Event | None,
+) -> bool:
+    """Re-copy ``settings.recopy`` into the change log (``pgcdc.snapshot.recopy_tables``):
+    the slot is drained up to the copy's consistent point C (``end_lsn`` C stores every
+    transaction whose commit starts before C and leaves the others unread), then the copy is
+    logged at C - 1, and streaming goes on from the slot. False: stopped before the copy.
+
+    A crash before the copy's transaction is flushed leaves no part of it in the log (a
+    transaction is logged whole or not at all) and the slot confirmed no further than the
+    log: the same command re-copies again."""
+    claim()  # the slot first: a new log's initial snapshot (or new slot) comes before C
+
+    def drain_to(consistent_point: LSN) -> bool:
+        progress = receiver(consistent_point).run(stop, retry=settings.retry)
+        return progress.stopped_by == "end_lsn"
+
+    result = recopy_tables(
+        settings.conninfo,
+        sink=writer,
+        tables=settings.recopy,
+        publications=settings.publications,
+        drain_to=drain_to,
+        workers=settings.snapshot_workers,
+    )
+    if result is None:
+        return False
+    log.info(
+        "re-copied %s: %d rows at %s",
+        ", ".join(t.qualified_name for t in result.tables),
+        result.rows,
+        result.consistent_point,
+    )
+    return True
 
 
 def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None:

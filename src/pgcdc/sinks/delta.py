@@ -66,6 +66,7 @@ from pgcdc.errors import (
     SinkError,
     StaleRowsWarning,
     UnresolvedToastError,
+    recopy_hint,
 )
 from pgcdc.events import Column, Table
 from pgcdc.sinks import changes as c
@@ -335,8 +336,7 @@ def fill_added_columns(
             f"{spec.qualified_name}: column(s) {unseen} were added with a default the "
             "replication slot does not stream (a volatile default rewrites the table without "
             f"logical changes): rows of {table.table_uri} written before hold null there while "
-            f"the source holds values. Re-copy the table: pgcdc cannot yet re-snapshot one "
-            f"table, so rebuild the pipeline with a new slot and a fresh initial snapshot"
+            f"the source holds values. Re-copy the table: {recopy_hint(spec.namespace, spec.name)}"
         )
         log.warning("%s", message)
         warnings.warn(message, StaleRowsWarning, stacklevel=2)
@@ -372,7 +372,7 @@ def _missing_value(spec: c.TableSpec, column: Column, delta_type: pa.DataType) -
         message = (
             f"{spec.qualified_name}.{column.name}: the value {column.missing!r} that existing "
             f"rows have (ADD COLUMN ... DEFAULT) does not convert to {delta_type} ({exc}); "
-            "those rows keep null: re-copy the table"
+            f"those rows keep null: re-copy the table: {recopy_hint(spec.namespace, spec.name)}"
         )
         log.warning("%s", message)
         warnings.warn(message, StaleRowsWarning, stacklevel=3)
