@@ -1,6 +1,6 @@
 """The pipeline as a separate driver process, for the crash test to SIGKILL.
 
-Usage: python -m tests.spark.crash_child CHANGELOG LAKE CHECKPOINT (stream|once)
+Usage: python -m tests.spark.crash_child CHANGELOG LAKE CHECKPOINT (stream|once) (driver|executors)
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import sys
 from pgcdc.spark.pipeline import PipelineConfig, run_once, spark_session, start
 
 
-def main(changelog: str, lake: str, checkpoint: str, mode: str) -> None:
+def main(changelog: str, lake: str, checkpoint: str, mode: str, writes: str) -> None:
     config = PipelineConfig(
         changelog=changelog,
         lake=lake,
         checkpoint=checkpoint,
         max_changes_per_batch=120,
         trigger_interval=0.2,
+        writes=writes,
     )
     spark = spark_session("local[2]", "pgcdc-crash", **{"spark.ui.showConsoleProgress": "false"})
     if mode == "once":
@@ -27,4 +28,4 @@ def main(changelog: str, lake: str, checkpoint: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
