@@ -161,12 +161,15 @@ class _Session:
     def pending_results(self) -> list[pq.abc.PGresult]:
         """The results libpq can hand out without waiting. After the server closed the socket,
         they hold the error it sent first: a FATAL is followed by no ReadyForQuery, so libpq
-        holds it back until it sees the connection end."""
+        holds it back until it sees the connection end. libpq's own error for the closed
+        socket (it has no SQLSTATE) is left out: it is no word from the server."""
         results: list[pq.abc.PGresult] = []
         with contextlib.suppress(psycopg.OperationalError):
             self.pgconn.consume_input()  # the rest of the error, and the end of the socket
         with contextlib.suppress(psycopg.OperationalError):
             while not self.pgconn.is_busy() and (result := self.pgconn.get_result()):
+                if result.status in _ERROR_STATES and result.error_field(_SQLSTATE) is None:
+                    continue
                 results.append(result)
                 if result.status in _COPY_STATES:  # still streaming: no error to be had
                     break
