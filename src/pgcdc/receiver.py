@@ -50,6 +50,7 @@ from pgcdc import errors
 from pgcdc.connection import preflight, server_errors
 from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.connection.conninfo import connect
+from pgcdc.connection.deadline import answered_within
 from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
 from pgcdc.connection.sql import get_slot
@@ -475,6 +476,7 @@ class Receiver:
                 plugin=options.plugin,
                 publications=options.publications,
                 create_slot=create_slot,
+                answer_timeout=options.receive_timeout or None,
             )
         conn = ReplicationConnection.connect(
             options.conninfo,
@@ -484,14 +486,27 @@ class Receiver:
             **({} if options.session_settings is None else {"client_encoding": "UTF8"}),
         )
         try:
-            if create_slot and not self._slot_exists(conn):
-                conn.create_replication_slot(
-                    options.slot, options.plugin, snapshot="nothing", two_phase=options.two_phase
-                )
+            if create_slot:
+                with self._answered(conn, "looking the slot up"):
+                    exists = self._slot_exists(conn)
+                if not exists:
+                    conn.create_replication_slot(
+                        options.slot,
+                        options.plugin,
+                        snapshot="nothing",
+                        two_phase=options.two_phase,
+                    )
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _answered(
+        self, conn: ReplicationConnection, what: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """Hold a command before the stream to ``receive_timeout``, as the stream is held: on
+        a silent network it ends with ConnectionLost, which a new session retries."""
+        return answered_within(conn.connection, self.options.receive_timeout or None, what)
 
     def _slot_exists(self, conn: ReplicationConnection) -> bool:
         name = self.options.slot.replace("'", "''")
@@ -634,20 +649,15 @@ class Receiver:
         self._slot_ready = True
         stopped_by: str | None = None
         try:
-            plugin_options, decoder = self._plugin(conn)
+            with self._answered(conn, "the session's set-up"):
+                plugin_options, decoder = self._plugin(conn)
             self._policy.resume(self.sink.flush())
             with TransactionAssembler(
                 options.assembly, stored_through=self.sink.last_commit_lsn
             ) as assembler:
                 self._assembler = assembler
                 stream = self._while_slot_busy(
-                    lambda: conn.start_replication(
-                        options.slot,
-                        options.start_lsn or INVALID_LSN,
-                        plugin_options,
-                        status_interval=options.status_interval,
-                        receive_timeout=options.receive_timeout,
-                    ),
+                    lambda: self._start(conn, plugin_options),
                     stop,
                 )
                 self._stream = stream
@@ -666,6 +676,20 @@ class Receiver:
             conn.close()
         self._publish(stopped_by)
         return self.progress
+
+    def _start(
+        self, conn: ReplicationConnection, plugin_options: dict[str, str]
+    ) -> ReplicationStream:
+        """START_REPLICATION, held to ``receive_timeout`` until the stream takes over."""
+        options = self.options
+        with self._answered(conn, "START_REPLICATION"):
+            return conn.start_replication(
+                options.slot,
+                options.start_lsn or INVALID_LSN,
+                plugin_options,
+                status_interval=options.status_interval,
+                receive_timeout=options.receive_timeout,
+            )
 
     def _while_slot_busy(self, attempt: Callable[[], _T], stop: threading.Event) -> _T:
         """``attempt()``, retried with backoff while the slot is active for another process,

@@ -33,6 +33,7 @@ from pgcdc.errors import (
 )
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
+from pgcdc.receiver import retryable
 
 _numbers = itertools.count()
 # Bounds on waiting for the server, so a broken stream fails the test instead of hanging it.
@@ -243,6 +244,26 @@ def test_terminated_walsender_raises_stream_error(db):
                 stream.read(timeout=1.0)
         assert terminated.value.sqlstate == "57P01"
         assert "terminating connection" in terminated.value.server_message
+
+
+def test_a_write_after_the_walsenders_fatal_reports_the_fatal(db):
+    """The server said why it closed (its FATAL is on our socket): a status update written
+    after that fails, and the error is the server's, not a bare lost connection."""
+    slot = logical_slot(db)
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, status_interval=60.0)
+        pid = repl.pgconn.backend_pid
+        db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_until(
+            lambda: not db.scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+        )
+        with pytest.raises(ReplicationStreamError) as terminated:
+            for lsn in range(1, 100):  # the first writes may still reach the kernel
+                stream.confirm(LSN(lsn))
+        assert terminated.value.sqlstate == "57P01"
+        assert "terminating connection" in terminated.value.server_message
+        assert stream.ended
+        assert retryable(terminated.value)
 
 
 def test_dropped_socket_raises_connection_lost(db):

@@ -12,6 +12,11 @@ had one), sometimes followed by part of what was written after it. The recording
 before the wrapped fsync returns, so anything the process does after an fsync (such as
 confirming to the server) happens after its durable state is recorded.
 
+``fail_fsync(shadow, root, failing, code)`` models a failed fsync instead ("fsyncgate"): the
+fsync numbered ``failing`` of a regular file under ``root`` rolls that file back to its
+contents at its last good fsync (Linux may drop the dirty pages of a failed writeback) and
+raises ``OSError(code)``; the process runs on, and later fsyncs succeed.
+
 Only ``root``'s own entries are modelled (not subdirectories): the receiver's change log has
 no consumers here.
 """
@@ -23,6 +28,7 @@ import os
 import random
 import signal
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 _real_fsync = os.fsync
@@ -62,8 +68,11 @@ def baseline(shadow: Path, root: str) -> None:
     _record_dir(shadow, root)
 
 
-def install(shadow: Path, root: str, cut: int | None) -> None:
-    root = os.path.abspath(root)
+def _wrap_fsync(
+    shadow: Path, root: str, before: Callable[[int, int, os.stat_result], None]
+) -> None:
+    """Replace ``os.fsync``: ``before(number, fd, stat)`` runs before each fsync under ``root``
+    (numbered from 1) and may end it; each one that succeeds is recorded in ``shadow``."""
     baseline(shadow, root)
     count = 0
 
@@ -74,16 +83,42 @@ def install(shadow: Path, root: str, cut: int | None) -> None:
             _real_fsync(fd)
             return
         count += 1
-        if count == cut:
-            os.kill(os.getpid(), signal.SIGKILL)
-        _real_fsync(fd)
         info = os.fstat(fd)
+        before(count, fd, info)
+        _real_fsync(fd)
         if stat.S_ISDIR(info.st_mode):
             _record_dir(shadow, root)
         else:
             _record_file(shadow, fd, info.st_ino)
 
     os.fsync = fsync  # type: ignore[assignment]
+
+
+def install(shadow: Path, root: str, cut: int | None) -> None:
+    def power_cut(number: int, fd: int, info: os.stat_result) -> None:
+        if number == cut:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    _wrap_fsync(shadow, os.path.abspath(root), power_cut)
+
+
+def fail_fsync(shadow: Path, root: str, failing: int, code: int) -> None:
+    files = 0
+
+    def lose_unsynced(number: int, fd: int, info: os.stat_result) -> None:
+        nonlocal files
+        if stat.S_ISDIR(info.st_mode):
+            return
+        files += 1
+        if files != failing:
+            return
+        saved = shadow / f"inode-{info.st_ino}"
+        durable = saved.read_bytes() if saved.exists() else b""
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, durable, 0)
+        raise OSError(code, os.strerror(code))
+
+    _wrap_fsync(shadow, os.path.abspath(root), lose_unsynced)
 
 
 def roll_back(shadow: Path, root: Path, rng: random.Random) -> list[str]:

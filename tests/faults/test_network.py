@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from pgcdc import pipeline
+from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.errors import ConnectionLost
-from pgcdc.events import Table
+from pgcdc.events import Insert, Table
 from pgcdc.localpg import wait_until
-from pgcdc.receiver import retryable
+from pgcdc.lsn import LSN
+from pgcdc.receiver import Receiver, ReceiverOptions, RetryPolicy, retryable
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
 from tests.faults.proxy import TcpProxy
@@ -139,3 +141,58 @@ def test_a_catalog_lookup_on_a_black_holed_network_ends_within_its_timeout(db: D
             types.describe_relation(table)  # a new connection answers again
         finally:
             types.close()
+
+
+class _SilencedAtSessionStart(ChangeLogWriter):
+    """A change log that black-holes the network at its first flush, which the receiver
+    makes as a session starts: after its connection is open and authenticated, before
+    START_REPLICATION."""
+
+    def __init__(self, root: Path, proxy: TcpProxy) -> None:
+        super().__init__(root)
+        self._proxy: TcpProxy | None = proxy
+
+    def flush(self) -> LSN:
+        if self._proxy is not None:
+            self._proxy.black_hole()
+            self._proxy = None
+        return super().flush()
+
+
+@pytest.mark.timeout(180)  # without the deadline START_REPLICATION waits for ever
+def test_a_session_start_on_a_black_holed_network_ends_and_is_retried(
+    db: Database, tmp_path: Path
+) -> None:
+    """A network that goes silent as a session starts ends that session with ConnectionLost
+    (held to receive_timeout, as the stream is), and the receiver's next session streams."""
+    db.execute("CREATE TABLE started (id int PRIMARY KEY, v text)")
+    db.execute("CREATE PUBLICATION started_pub FOR TABLE started")
+    db.execute("SELECT pg_create_logical_replication_slot('started', 'pgoutput')")
+    db.execute("INSERT INTO started SELECT g, md5(g::text) FROM generate_series(1, 50) g")
+    end = LSN.parse(db.scalar("SELECT pg_current_wal_lsn()::text"))
+    failures: list[BaseException] = []
+    with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
+        options = ReceiverOptions(
+            db.conninfo(port=proxy.port),
+            "started",
+            publications=("started_pub",),
+            receive_timeout=RECEIVE_TIMEOUT,
+            end_lsn=end,
+        )
+
+        def on_retry(error: BaseException, delay: float, attempt: int) -> None:
+            failures.append(error)
+            proxy.restore()
+
+        retry = RetryPolicy(initial=0.1, maximum=0.1, jitter=0.0)
+        with _SilencedAtSessionStart(tmp_path / "log", proxy) as writer:
+            Receiver(options, writer).run(retry=retry, on_retry=on_retry)
+    assert [type(error) for error in failures] == [ConnectionLost], failures
+    assert "START_REPLICATION got no answer within 2 s" in str(failures[0])
+    logged = [
+        (int(str(event.new[0])), str(event.new[1]))
+        for txn in ChangeLog(tmp_path / "log").read_transactions()
+        for event in txn.events
+        if isinstance(event, Insert)
+    ]
+    assert logged == [(i, v) for i, v in db.execute("SELECT id, v FROM started ORDER BY id")]

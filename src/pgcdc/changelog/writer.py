@@ -4,7 +4,9 @@ Local files: the active segment is appended to and fsync'd by ``flush()``, which
 the durable end in ``durable.mark``. On open every segment is verified. A torn tail (a crash
 mid-write: bad bytes at the end of the active segment, past the recorded durable end, with no
 valid frame after them) is copied aside to ``<segment>.torn-<offset>`` and cut, so the log is
-always a prefix of what was appended, made of whole transactions. Any other bad frame is damage
+always a prefix of what was appended, made of whole transactions. A failed fsync ends the
+writer (``ChangeLogError``): the kernel may have dropped what it could not write, so nothing
+is reported durable after it. Any other bad frame is damage
 to data that may already be confirmed to the server: opening raises ``CorruptChangeLog`` naming
 the file and offset, and cuts nothing.
 
@@ -29,7 +31,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import pyarrow as pa
@@ -39,7 +41,7 @@ import pyarrow.fs as pafs
 from pgcdc.changelog import segments as fmt
 from pgcdc.changelog.codec import BatchBuilder, LogState, decode_rows, holds_type_rows
 from pgcdc.changelog.lease import DEFAULT_LEASE_SECONDS, WriterLease
-from pgcdc.errors import ChangeLogLocked, CorruptChangeLog
+from pgcdc.errors import ChangeLogError, ChangeLogLocked, CorruptChangeLog, storage_error
 from pgcdc.events import Event, Relation, Type
 from pgcdc.lsn import LSN
 from pgcdc.storage import StorageOptions, is_s3
@@ -50,10 +52,10 @@ log = logging.getLogger(__name__)
 LOCK_NAME = "writer.lock"
 
 
-def _fsync_dir(path: str) -> None:
+def _fsync_dir(path: str, sync: Callable[[int], None] | None = None) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        (sync or os.fsync)(fd)
     finally:
         os.close(fd)
 
@@ -136,6 +138,9 @@ class ChangeLogWriter:
         self._segment_size = 0
         self._segment_first_lsn: LSN | None = None
         self._closed = False
+        # Set by a failed fsync: what was written since the last good one may be gone from the
+        # page cache while a retried fsync succeeds ("fsyncgate"), so nothing is durable after.
+        self._sync_failed: ChangeLogError | None = None
         if self._lease is not None:
             self._lease.acquire(wait=lease_wait)
         try:
@@ -404,9 +409,9 @@ class ChangeLogWriter:
             with open(temp, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                self._sync(f.fileno(), temp)
             os.replace(temp, path)
-            _fsync_dir(self._root)
+            _fsync_dir(self._root, lambda fd: self._sync(fd, self._root))
             self._file = open(path, "r+b")  # noqa: SIM115
             self._file.seek(len(data))
         else:
@@ -442,7 +447,7 @@ class ChangeLogWriter:
         self._file.write(seal)
         if self._local:
             self._file.flush()
-            os.fsync(self._file.fileno())
+            self._sync(self._file.fileno(), self._segment_path)
             self._file.close()
         else:
             self._upload()
@@ -481,13 +486,27 @@ class ChangeLogWriter:
             self._write_pending()
             if self._file is not None:
                 self._file.flush()
-                os.fsync(self._file.fileno())
+                self._sync(self._file.fileno(), self._segment_path)
                 if self._durable != self._written:
                     self._mark()
             self._durable = self._written
         else:
             self._finish_segment()
         return self._durable[1]
+
+    def _sync(self, fd: int, path: str | None) -> None:
+        """fsync ``fd``; if that fails, the writer is poisoned: after a failed fsync the kernel
+        may have dropped the unsynced pages and a later fsync may still succeed, so no flush
+        may ever report anything durable again (the slot then re-sends it to a new writer)."""
+        try:
+            os.fsync(fd)
+        except OSError as error:
+            cause = storage_error(OSError(error.errno, error.strerror, path))
+            self._sync_failed = ChangeLogError(
+                f"the change log could not be made durable past {self._durable[1]}, so pgcdc "
+                f"stopped (the slot still holds every change after that): fsync failed: {cause}"
+            )
+            raise self._sync_failed from error
 
     def _mark(self) -> None:
         """Record where the active segment is durable to, after its fsync (see DurableMark)."""
@@ -505,7 +524,8 @@ class ChangeLogWriter:
         if self._closed:
             return
         try:
-            self.flush()
+            if self._sync_failed is None:
+                self.flush()
         finally:
             if self._file is not None:  # local: reopened later; else: never uploaded
                 self._file.close()
@@ -523,6 +543,8 @@ class ChangeLogWriter:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("the change log writer is closed")
+        if self._sync_failed is not None:
+            raise self._sync_failed
 
     def __enter__(self) -> ChangeLogWriter:
         return self

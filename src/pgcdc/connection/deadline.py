@@ -23,7 +23,7 @@ from pgcdc.errors import ConnectionLost
 
 @contextlib.contextmanager
 def answered_within(
-    conn: psycopg.Connection[Any], seconds: float | None, what: str
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], seconds: float | None, what: str
 ) -> Iterator[None]:
     """Run the block's queries on ``conn``; if they take over ``seconds`` (None: no deadline),
     the connection is shut down and the block raises ``ConnectionLost`` (the connection is then

@@ -27,6 +27,7 @@ from pgcdc import errors
 from pgcdc.connection import server_errors
 from pgcdc.connection.catalog import ServerFacts, server_facts
 from pgcdc.connection.conninfo import connect
+from pgcdc.connection.deadline import answered_within
 from pgcdc.connection.sql import SlotInfo, create_logical_slot, drop_slot, list_slots
 
 QUERY_CANCELED = "57014"
@@ -56,13 +57,20 @@ def check(
     publications: Sequence[str] = (),
     create_slot: bool = False,
     probe_timeout: float = 5.0,
+    answer_timeout: float | None = None,
 ) -> PreflightReport:
     """Check that ``slot`` (or, when None, a temporary slot) can stream ``plugin`` output for
     ``publications`` from the database ``conninfo`` names; raise the first problem found.
 
-    With ``create_slot`` a missing slot is fine as long as a replication slot is free.
+    With ``create_slot`` a missing slot is fine as long as a replication slot is free. With
+    ``answer_timeout``, each connection's queries that get no answer for that many seconds end
+    with ``ConnectionLost`` (a silent network), as the stream's ``receive_timeout`` does.
     """
-    with server_errors.translated(), connect(conninfo) as conn:
+    with (
+        server_errors.translated(),
+        connect(conninfo) as conn,
+        answered_within(conn, answer_timeout, "the preflight checks"),
+    ):
         facts = server_facts(conn)
         database = conn.info.dbname
         _check_server(conn, facts)
@@ -74,9 +82,9 @@ def check(
             _check_free_slot(facts, slots)
         _check_free_wal_sender(facts)
         _check_publications(conn, database, publications)
-    _probe_wal_sender(conninfo)
+    _probe_wal_sender(conninfo, answer_timeout)
     if existing is None:
-        _probe_plugin(conninfo, plugin, probe_timeout)
+        _probe_plugin(conninfo, plugin, probe_timeout, answer_timeout)
     return PreflightReport(
         facts=facts,
         database=database,
@@ -178,12 +186,13 @@ def _check_free_wal_sender(facts: ServerFacts) -> None:
     )
 
 
-def _probe_wal_sender(conninfo: str) -> None:
+def _probe_wal_sender(conninfo: str, answer_timeout: float | None) -> None:
     """Open (and close) a replication connection: proves a WAL sender is free and that
     pg_hba.conf and the role admit replication connections to this database."""
     with (
         server_errors.translated(),
         psycopg.connect(conninfo, replication="database", autocommit=True) as conn,
+        answered_within(conn, answer_timeout, "the preflight's IDENTIFY_SYSTEM"),
     ):
         conn.execute("IDENTIFY_SYSTEM")
 
@@ -209,10 +218,15 @@ def _check_publications(
         )
 
 
-def _probe_plugin(conninfo: str, plugin: str, timeout: float) -> None:
+def _probe_plugin(conninfo: str, plugin: str, timeout: float, answer_timeout: float | None) -> None:
     """Prove the server can load ``plugin`` by creating (and dropping) a temporary slot."""
     probe = f"pgcdc_preflight_{os.getpid()}_{secrets.token_hex(4)}"
-    with server_errors.translated(), psycopg.connect(conninfo, autocommit=True) as conn:
+    deadline = None if answer_timeout is None else max(answer_timeout, timeout + 1)
+    with (
+        server_errors.translated(),
+        psycopg.connect(conninfo, autocommit=True) as conn,
+        answered_within(conn, deadline, "the preflight's plugin probe"),
+    ):
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false)", (f"{int(timeout * 1000)}ms",)
         )

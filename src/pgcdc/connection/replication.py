@@ -13,9 +13,10 @@ could lose changes the consumer has not stored yet.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 from psycopg import pq
@@ -157,6 +158,23 @@ class _Session:
             if ready & READ:
                 self.consume()
 
+    def pending_results(self) -> list[pq.abc.PGresult]:
+        """The results libpq can hand out without waiting. After the server closed the socket,
+        they hold the error it sent first: a FATAL is followed by no ReadyForQuery, so libpq
+        holds it back until it sees the connection end. libpq's own error for the closed
+        socket (it has no SQLSTATE) is left out: it is no word from the server."""
+        results: list[pq.abc.PGresult] = []
+        with contextlib.suppress(psycopg.OperationalError):
+            self.pgconn.consume_input()  # the rest of the error, and the end of the socket
+        with contextlib.suppress(psycopg.OperationalError):
+            while not self.pgconn.is_busy() and (result := self.pgconn.get_result()):
+                if result.status in _ERROR_STATES and result.error_field(_SQLSTATE) is None:
+                    continue
+                results.append(result)
+                if result.status in _COPY_STATES:  # still streaming: no error to be had
+                    break
+        return results
+
     def fetch_gen(self) -> PQGen[pq.abc.PGresult | None]:
         while self.pgconn.is_busy():
             if (yield READ, None):
@@ -170,6 +188,7 @@ class _Session:
             try:
                 result = yield from self.fetch_gen()
             except errors.ConnectionLost:
+                results += self.pending_results()
                 if any(r.status in _ERROR_STATES for r in results):
                     break  # the server said why before it closed: report that
                 raise
@@ -280,14 +299,41 @@ class _StreamCore:
         message = standby_status_update(confirmed, confirmed, confirmed, None, reply_requested)
         try:
             queued = self.pgconn.put_copy_data(message)
+            if queued == 0:  # libpq's buffer is full: retry when the socket takes more
+                self.next_status = 0.0
+                self.want_write = True
+                return
+            self.want_write = self.pgconn.flush() != 0
         except psycopg.OperationalError as error:
-            raise self.session.lost(error) from None
-        if queued == 0:  # libpq's buffer is full: retry when the socket takes more
-            self.next_status = 0.0
-            self.want_write = True
-            return
-        self.want_write = not self.session.flush()
+            self._raise_lost(error)
         self.next_status = self.clock() + self.status_interval
+
+    def _flush(self) -> bool:
+        """Send what libpq has buffered; True when all of it went out."""
+        try:
+            return self.pgconn.flush() == 0
+        except psycopg.OperationalError as error:
+            self._raise_lost(error)
+
+    def _consume(self) -> None:
+        try:
+            self.pgconn.consume_input()
+        except psycopg.OperationalError as error:
+            self._raise_lost(error)
+
+    def _raise_lost(self, error: psycopg.OperationalError) -> NoReturn:
+        """Raise why the connection failed under a read or a write: the server's own error
+        when it said why before it closed the connection (a terminated walsender's FATAL, an
+        error about the slot), which libpq may hold; else ConnectionLost."""
+        with contextlib.suppress(psycopg.OperationalError):
+            # Messages before the error were not confirmed: the server sends them again.
+            while self.pgconn.get_copy_data(1)[0] > 0:
+                pass
+        said = self._server_error(self.session.pending_results())
+        if said is None:
+            raise self.session.lost(error) from None
+        self.copy_ended = self.ended = True
+        raise said from said.__cause__
 
     def confirm(self, lsn: LSN) -> None:
         """The consumer has durably stored everything up to ``lsn``; tell the server now."""
@@ -310,7 +356,7 @@ class _StreamCore:
         try:
             size, data = self.pgconn.get_copy_data(1)
         except psycopg.OperationalError as error:
-            raise self.session.lost(error) from None
+            self._raise_lost(error)
         if size > 0:
             self.last_received = self.clock()
             self.ping_sent = False
@@ -376,9 +422,12 @@ class _StreamCore:
                     self._keepalive(message)
                 append(message)
         except psycopg.OperationalError as error:
-            if not messages:
-                raise self.session.lost(error) from None
-            self.failed = self.session.lost(error)
+            try:
+                self._raise_lost(error)
+            except errors.PgcdcError as failure:
+                if not messages:
+                    raise
+                self.failed = failure
         except errors.PgcdcError as error:
             if not messages:
                 raise
@@ -444,7 +493,7 @@ class _StreamCore:
             if self.receive_timeout is not None:
                 if not looked and now - self.last_received >= self.receive_timeout / 2:
                     looked = True
-                    self.session.consume()
+                    self._consume()
                     continue
                 wait = min(wait, self._check_silence(now))
             if deadline is not None and deadline - now < wait:
@@ -452,22 +501,16 @@ class _StreamCore:
             ready = yield (READ | WRITE if self.want_write else READ), max(wait, 0.0)
             looked = True
             if ready & WRITE:
-                self.want_write = not self.session.flush()
+                self.want_write = not self._flush()
             if ready & READ:
-                self.session.consume()
+                self._consume()
 
     def server_ended_gen(self) -> PQGen[None]:
         """The server left COPY mode on its own: raise why (it always is an error to us)."""
         self.ended = True
-        results = yield from self.session.results_gen()
-        for result in results:
-            if result.status in _ERROR_STATES:
-                sqlstate, message, detail = _result_error(result, self.session.encoding)
-                specific = translate(sqlstate, message, detail)
-                error = errors.ReplicationStreamError(message, sqlstate=sqlstate, detail=detail)
-                if type(specific) is not errors.ServerError:
-                    raise error from specific
-                raise error
+        said = self._server_error((yield from self.session.results_gen()))
+        if said is not None:
+            raise said
         if self.session.completed_streams:
             raise errors.UnsupportedFeature(
                 "the server ended this logical stream at once: a walsender keeps the end state "
@@ -478,6 +521,19 @@ class _StreamCore:
             "the server ended the replication stream without an error (shutting down?); "
             "reconnect and restart from the last confirmed LSN"
         )
+
+    def _server_error(self, results: list[pq.abc.PGresult]) -> errors.ReplicationStreamError | None:
+        """The server's error among ``results`` (its cause the specific error ``translate``
+        makes of it, e.g. SlotInvalidated), None when it sent none."""
+        for result in results:
+            if result.status in _ERROR_STATES:
+                sqlstate, message, detail = _result_error(result, self.session.encoding)
+                specific = translate(sqlstate, message, detail)
+                error = errors.ReplicationStreamError(message, sqlstate=sqlstate, detail=detail)
+                if type(specific) is not errors.ServerError:
+                    error.__cause__ = specific
+                return error
+        return None
 
     def stop_gen(self) -> PQGen[None]:
         """Report the confirmed position, send CopyDone, drain to CommandComplete."""
@@ -490,20 +546,20 @@ class _StreamCore:
             while self.pgconn.put_copy_end(None) == 0:
                 yield WRITE, None
         except psycopg.OperationalError as error:
-            raise self.session.lost(error) from None
-        while not self.session.flush():
+            self._raise_lost(error)
+        while not self._flush():
             if (yield READ | WRITE, None) & READ:
-                self.session.consume()
+                self._consume()
         # Messages still in flight were not confirmed; the server sends them again next time.
         while True:
             try:
                 size, _ = self.pgconn.get_copy_data(1)
             except psycopg.OperationalError as error:
-                raise self.session.lost(error) from None
+                self._raise_lost(error)
             if size == -1:
                 break
             if size == 0 and (yield READ, None):
-                self.session.consume()
+                self._consume()
         self.copy_ended = self.ended = True
         self.session.completed_streams += 1
         self.session.raise_for((yield from self.session.results_gen()))
