@@ -20,14 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.changelog import ChangeLog
-from pgcdc.events import Insert
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from tests.cli.helpers import assert_one_line_error
 from tests.conftest import Database
 
-from .test_powercut import ROOT, Workload, log_end, run_workload, slot_state
+from .test_powercut import (
+    ROOT,
+    Workload,
+    assert_logged_once,
+    log_end,
+    run_workload,
+    slot_state,
+)
 
 # (the failing fsync's number among the log's file fsyncs, its error): the first ones hit the
 # first segment's header, later ones flushes, seals and new segments.
@@ -70,26 +75,6 @@ def test_a_failed_fsync_is_never_confirmed(db: Database, tmp_path: Path) -> None
     rerun = run_pgcdc(db, root, shadow, 0, 0, "-E", end)
     assert rerun.returncode == 0, rerun.stderr.decode()
 
-    # Every committed row once, with the source's values; transactions in commit order.
-    logged: list[tuple[int, int, str]] = []
-    batches: list[int] = []
-    positions: list[tuple[LSN, LSN]] = []
-    for txn in ChangeLog(root).read_transactions():
-        positions.append((txn.commit_lsn, txn.end_lsn))
-        rows = [tuple(e.new) for e in txn.events if isinstance(e, Insert)]
-        logged += [(int(str(i)), int(str(b)), str(p)) for i, b, p in rows]
-        batches += sorted({int(str(b)) for _, b, _ in rows})
-    source = [(int(i), int(b), str(p)) for i, b, p in db.execute("SELECT * FROM pc ORDER BY id")]
-    assert len(logged) == len({row[0] for row in logged}), "a change was logged twice"
-    assert sorted(logged) == source
-    assert batches == record.committed
-    # No failure left the slot confirmed past a transaction the log did not keep.
-    lost = [
-        (confirmed, kept, commit)
-        for confirmed, kept in failures
-        for commit, txn_end in positions
-        if txn_end > kept and commit < confirmed
-    ]
-    assert not lost, lost[:5]
+    assert_logged_once(db, root, record.committed, failures)
     # The later failures came after transactions were durably logged.
     assert failures[-1][1] > LSN(0)

@@ -8,7 +8,6 @@ equals the source.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.errors import ConnectionLost
@@ -26,6 +24,7 @@ from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions, RetryPolicy, retryable
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
+from tests.faults.ha import pipeline_running
 from tests.faults.proxy import TcpProxy
 from tests.faults.test_reconnect import (
     Workload,
@@ -63,8 +62,6 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
     caplog.set_level("INFO")
     conninfo = db.conninfo()
     _source(conninfo)
-    stop = threading.Event()
-    failure: list[BaseException] = []
     with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
         proxied = db.conninfo(
             port=proxy.port,
@@ -72,16 +69,7 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
             options=f"-c wal_sender_timeout={SERVER_TIMEOUT}",
         )
         settings = _settings(proxied, tmp_path, receive_timeout=RECEIVE_TIMEOUT)
-
-        def run() -> None:
-            try:
-                pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
-            except BaseException as error:
-                failure.append(error)
-
-        runner = threading.Thread(target=run, name="pipeline")
-        runner.start()
-        try:
+        with pipeline_running(settings, spark) as (runner, failure):
             with Workload(conninfo) as workload:
                 workload.wait_for(20)
                 old = _new_walsender(conninfo, None)
@@ -107,9 +95,6 @@ def test_pipeline_run_rides_out_a_cut_and_a_black_holed_network(
                 _new_walsender(conninfo, old)
                 workload.wait_for(workload.transactions + 20)
             _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
-        finally:
-            stop.set()
-            runner.join(120)
     assert not failure, failure
     attempts = _reconnections(caplog)
     # The cut ends a session at once (its connection reset, while streaming or connecting).

@@ -128,7 +128,21 @@ def test_power_cuts_lose_nothing_confirmed(db: Database, tmp_path: Path) -> None
     assert child.returncode == 0, err.decode()
     assert out.startswith(b"done"), out
 
-    # Every committed row once, with the source's values; transactions in commit order.
+    assert_logged_once(db, root, record.committed, cuts)
+    print(f"cuts reached {reached} of {len(CUTS)}, torn tails recovered {recovered}")
+    # Whether a cut leaves unsynced bytes to recover depends on timing, so torn tails are
+    # counted, not required here (tests/changelog/test_recovery.py covers them exactly).
+    assert reached >= len(CUTS) - 2
+    assert sum(1 for confirmed, kept in cuts if kept > LSN(0)) >= len(CUTS) // 2
+
+
+def assert_logged_once(
+    db: Database, root: Path, committed: list[int], confirmations: list[tuple[LSN, LSN]]
+) -> None:
+    """Every committed row of ``pc`` in the log once, with the source's values, transactions
+    in commit order (``committed``: the workload's batches); and no (confirmed, kept) pair,
+    what the slot had confirmed and what the log kept at a fault, confirmed past a
+    transaction the log did not keep."""
     logged: list[tuple[int, int, str]] = []
     batches: list[int] = []
     positions: list[tuple[LSN, LSN]] = []
@@ -140,17 +154,11 @@ def test_power_cuts_lose_nothing_confirmed(db: Database, tmp_path: Path) -> None
     source = [(int(i), int(b), str(p)) for i, b, p in db.execute("SELECT * FROM pc ORDER BY id")]
     assert len(logged) == len({row[0] for row in logged}), "a change was logged twice"
     assert sorted(logged) == source
-    assert batches == record.committed
-    # No cut left the slot confirmed past a transaction the log did not keep.
+    assert batches == committed
     lost = [
         (confirmed, kept, commit)
-        for confirmed, kept in cuts
+        for confirmed, kept in confirmations
         for commit, txn_end in positions
         if txn_end > kept and commit < confirmed
     ]
     assert not lost, lost[:5]
-    print(f"cuts reached {reached} of {len(CUTS)}, torn tails recovered {recovered}")
-    # Whether a cut leaves unsynced bytes to recover depends on timing, so torn tails are
-    # counted, not required here (tests/changelog/test_recovery.py covers them exactly).
-    assert reached >= len(CUTS) - 2
-    assert sum(1 for confirmed, kept in cuts if kept > LSN(0)) >= len(CUTS) // 2

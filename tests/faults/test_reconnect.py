@@ -29,6 +29,7 @@ from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
+from tests.faults.ha import pipeline_running
 
 # Short waits so the tests do not idle; the policy itself is tested in tests/receiver.
 FAST_RETRY = RetryPolicy(initial=0.2, maximum=1.0, jitter=0.5)
@@ -404,18 +405,7 @@ def test_pipeline_run_rides_out_a_terminated_walsender(
     conninfo = db.conninfo()
     _source(conninfo)
     settings = _settings(conninfo, tmp_path)
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run(settings, stop=stop, spark=spark, tick_seconds=0.2)
-        except BaseException as error:
-            failure.append(error)
-
-    runner = threading.Thread(target=run, name="pipeline")
-    runner.start()
-    try:
+    with pipeline_running(settings, spark) as (runner, failure):
         with Workload(conninfo) as workload:
             workload.wait_for(20)
             old = _terminate_walsender(conninfo)
@@ -425,9 +415,6 @@ def test_pipeline_run_rides_out_a_terminated_walsender(
             workload.wait_for(workload.transactions + 20)
         _new_walsender(conninfo, old)
         _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
-    finally:
-        stop.set()
-        runner.join(120)
     assert not failure, failure
     assert _mirror(tmp_path / "lake") == _source_rows(conninfo)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
