@@ -263,12 +263,15 @@ def test_terminated_walsenders_are_reconnected_without_a_gap_or_a_duplicate(
         _new_walsender(conninfo, old)  # the same process streams again, started by no one
         assert process.is_alive()
         _drain(process, conninfo)
-    assert len(_reconnections(caplog)) >= 3
-    # The walsender's FATAL is what each session ends with, even when the receiver was
-    # writing a status update as the server closed the socket.
-    for reconnection in _reconnections(caplog):
-        assert "ReplicationStreamError" in reconnection, reconnection
-        assert "terminating connection" in reconnection, reconnection
+    reconnections = _reconnections(caplog)
+    assert len(reconnections) >= 3
+    # Each session ends with the walsender's FATAL where libpq received it, even when the
+    # receiver was writing a status update as the server closed the socket (proved alone in
+    # tests/connection/test_replication.py); under load the socket may close before the FATAL
+    # arrives, which is a lost connection. Either is retried, and nothing else may end one.
+    for line in reconnections:
+        fatal = "ReplicationStreamError" in line and "terminating connection" in line
+        assert fatal or "ConnectionLost" in line, line
     _check_logged_exactly_once(conninfo, tmp_path / "log")
 
 
@@ -281,7 +284,15 @@ def test_a_receiver_process_prints_its_threads_stacks_on_request(
     with _running(_settings(conninfo, tmp_path)) as process:
         _new_walsender(conninfo, None)
         process.dump_stacks()
-        err = wait_until(lambda: (text := capfd.readouterr().err) and text, timeout=30)
+        # faulthandler writes thread by thread: gather stderr until the receiver's frame shows.
+        seen: list[str] = []
+
+        def dumped() -> bool:
+            seen.append(capfd.readouterr().err)
+            return "receiver.py" in "".join(seen)
+
+        wait_until(dumped, timeout=30)
+        err = "".join(seen)
         assert "most recent call first" in err and "receiver.py" in err, err
         assert process.is_alive()
     assert process.error is None
