@@ -345,6 +345,10 @@ def storage_error(error: OSError) -> StorageError:
     return StorageError(f"{reason}{where}; {fix}")
 
 
+class MirrorDiffers(SinkError):
+    """A mirror checked against its source table (``pgcdc demo``) does not equal it."""
+
+
 class PipelineQueryError(PgcdcError):
     """The pipeline's Spark streaming query could not start, or stopped with an error; the
     message carries Spark's own reason (for a Java error, its first line)."""
