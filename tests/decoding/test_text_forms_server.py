@@ -61,7 +61,16 @@ CASES: list[tuple[str, list[str]]] = [
             "ROW(NULL, NULL)",
         ],
     ),
-    ("reals", ["ROW('{0.1,1e20,-0,NaN,3.4e38,1.5e-45}', 0.1)", "ROW('{{1,2},{3,4}}', NULL)"]),
+    (
+        "reals",
+        [
+            "ROW('{0.1,1e20,-0,NaN,3.4e38,1.5e-45}', 0.1)",
+            "ROW('{{1,2},{3,4}}', NULL)",
+            # float4out's notation thresholds, not float8out's: 1e+06, not 1000000.
+            "ROW('{1e6,1234567,123456.7,1e-5,99999}', 1e6)",
+            "ROW('[0:1]={1e7,2}', 1e14)",
+        ],
+    ),
     ("floatrange", ["'[1.5,2.5)'", "'(-1e300,0.1]'", "'[-0,Infinity]'"]),
     ("floatmultirange", ["'{[1.5,2.5),(3,1e20]}'", "'{}'"]),
     (

@@ -1176,9 +1176,13 @@ class TypeRegistry:
 
             return unknown
         binary = self._build(resolved).binary
-        if resolved.name in ("float4", "float8"):
-            fixed_below = 6 if resolved.name == "float4" else 15
-            return lambda data: float_text(binary(data), fixed_below)
+        scalar = resolved.element or resolved
+        if scalar.name in ("float4", "float8"):
+            # float4out switches to exponents from 1e6 on, float8out from 1e15.
+            fixed_below = 6 if scalar.name == "float4" else 15
+            if resolved.element is None:
+                return lambda data: float_text(binary(data), fixed_below)
+            return lambda data: pg_text(binary(data), fixed_below)
         if resolved.name == "money" or (
             resolved.element is not None and resolved.element.name == "money"
         ):
@@ -1307,13 +1311,14 @@ def _quote_element(text: str) -> str:
     return text
 
 
-def pg_text(value: Any) -> str:
+def pg_text(value: Any, fixed_below: int = 15) -> str:
     """A Python value from this module in PostgreSQL's text form (DateStyle ISO, UTC).
 
-    Used where a value must be kept as text because a typed container cannot hold it.
+    Used where a value must be kept as text because a typed container cannot hold it. Floats
+    print as float8out does; ``fixed_below=6`` prints them as float4out (a real[]'s elements).
     """
     if isinstance(value, list):
-        body = "{" + ",".join(_element_text(v) for v in value) + "}"
+        body = "{" + ",".join(_element_text(v, fixed_below) for v in value) + "}"
         if isinstance(value, BoundedList):
             sizes: list[int] = []
             level: Any = value
@@ -1329,7 +1334,7 @@ def pg_text(value: Any) -> str:
     if isinstance(value, bool):
         return "t" if value else "f"
     if isinstance(value, float):
-        return float_text(value)  # float8out's digits, as the server prints them
+        return float_text(value, fixed_below)  # the digits float8out/float4out print
     if isinstance(value, bytes):
         return "\\x" + value.hex()
     if isinstance(value, Decimal):
@@ -1357,12 +1362,12 @@ def pg_text(value: Any) -> str:
     return str(value)
 
 
-def _element_text(value: Any) -> str:
+def _element_text(value: Any, fixed_below: int) -> str:
     if value is None:
         return "NULL"
     if isinstance(value, list) and not isinstance(value, BoundedList):
-        return "{" + ",".join(_element_text(v) for v in value) + "}"
-    return _quote_element(pg_text(value))
+        return "{" + ",".join(_element_text(v, fixed_below) for v in value) + "}"
+    return _quote_element(pg_text(value, fixed_below))
 
 
 __all__ = [
