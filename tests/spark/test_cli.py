@@ -25,7 +25,7 @@ def _source_rows(db: Database, table: str) -> tuple[list[str], list[dict[str, An
 
 
 def test_pipeline_run_once_from_a_config_file_with_flag_overrides(
-    db: Database, tmp_path: Path
+    db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db.execute("CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(8, 2))")
     db.execute("CREATE PUBLICATION cdc FOR TABLE items")
@@ -58,7 +58,10 @@ master = "local[2]"
     db.execute("INSERT INTO items SELECT g, 'item ' || g, g * 1.5 FROM generate_series(1, 200) g")
     db.execute("UPDATE items SET price = price * 2 WHERE id % 3 = 0")
     db.execute("DELETE FROM items WHERE id % 7 = 0")
-    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--verbose"]) == 0
+    # -v says what the run did.
+    assert "rows written in" in capsys.readouterr().err
     columns, expected = _source_rows(db, "public.items")
     assert len(expected) > 150
     assert mirror_rows(lake, "public.items", columns) == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import signal
 import sys
 import threading
@@ -89,6 +90,26 @@ def plugin_option(text: str) -> tuple[str, str | None]:
 def info(message: str) -> None:
     """A progress or verbose line on stderr, prefixed like pg_recvlogical's."""
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def progress_logged(enabled: bool) -> Iterator[None]:
+    """While in the block, pgcdc's INFO log records (the receiver process's too, which it
+    forwards) go to stderr as ``info`` lines: what a long-running command is doing."""
+    if not enabled:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+    logger = logging.getLogger("pgcdc")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def error_line(message: str) -> None:

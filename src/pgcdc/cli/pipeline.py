@@ -14,6 +14,7 @@ from pgcdc.cli.common import (
     add_help_argument,
     conninfo_from,
     info,
+    progress_logged,
     stop_on_signals,
 )
 
@@ -93,6 +94,10 @@ def register(subparsers: Any) -> None:
         "--once", action="store_true",
         help="drain what the server has now (up to its current WAL position) and exit",
     )  # fmt: skip
+    run.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="log progress on stderr: the initial snapshot, batches written, reconnections",
+    )  # fmt: skip
     run.set_defaults(handler=handle)
 
 
@@ -126,7 +131,7 @@ def handle(args: argparse.Namespace) -> int:
         },
     )
     stop = threading.Event()
-    with stop_on_signals(stop):
+    with stop_on_signals(stop), progress_logged(args.verbose):
         info(f"pipeline: {settings.changelog} -> {settings.lake} (master {settings.master})")
         pipeline.run(settings, once=args.once, stop=stop)
     return 0
