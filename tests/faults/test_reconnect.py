@@ -28,6 +28,7 @@ from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
+from pgcdc.storage import StorageOptions
 from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
 from tests.faults.ha import pipeline_running
 
@@ -122,12 +123,14 @@ class Workload:
             conn.execute("DELETE FROM items WHERE id = %s", (first - 53,))
 
 
-def _replayed(log: Path) -> tuple[dict[str, Row], list[tuple[str, Row]], list[int | None]]:
+def _replayed(
+    log: Path | str, storage: StorageOptions | None = None
+) -> tuple[dict[str, Row], list[tuple[str, Row]], list[int | None]]:
     """The change log replayed into rows by key; every row change logged; every xid logged."""
     rows: dict[str, Row] = {}
     changes: list[tuple[str, Row]] = []
     xids: list[int | None] = []
-    for txn in ChangeLog(log).read_transactions():
+    for txn in ChangeLog(log, storage=storage).read_transactions():
         xids.append(txn.xid)
         for event in txn.events:
             if isinstance(event, Insert | Update):
@@ -182,10 +185,12 @@ def _terminate_walsender(conninfo: str) -> int:
     return pid
 
 
-def _check_logged_exactly_once(conninfo: str, log: Path) -> None:
+def _check_logged_exactly_once(
+    conninfo: str, log: Path | str, storage: StorageOptions | None = None
+) -> None:
     """Everything the source committed reached the log once, and it replays to the source."""
     source = _source_rows(conninfo)
-    mirror, changes, xids = _replayed(log)
+    mirror, changes, xids = _replayed(log, storage)
     assert len(changes) == len(set(changes)), "a change was logged twice"
     assert len(xids) == len(set(xids)), "a transaction was logged twice"
     assert mirror == source
@@ -222,12 +227,12 @@ def _running(settings: pipeline.Settings) -> Iterator[ReceiverProcess]:
         process.join(60)
 
 
-def _mirror(lake: Path) -> dict[str, Row]:
-    """The items table's mirror in the lake, by id (empty before its first write)."""
-    path = lake / "public" / "items" / "mirror"
-    if not (path / "_delta_log").exists():
+def _mirror(lake: Path | str, storage_options: dict[str, str] | None = None) -> dict[str, Row]:
+    """The items table's mirror in the lake, by id (empty before its first local write)."""
+    path = f"{lake}/public/items/mirror"
+    if storage_options is None and not Path(path, "_delta_log").exists():
         return {}
-    table = read_table(path).select(["id", "v", "n"]).to_pylist()
+    table = read_table(path, storage_options=storage_options).select(["id", "v", "n"]).to_pylist()
     return {str(r["id"]): (str(r["id"]), r["v"], str(r["n"])) for r in table}
 
 

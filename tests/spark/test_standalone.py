@@ -39,7 +39,7 @@ def _lake_table(lake: str, table: str, kind: SinkKind, options: dict[str, str] |
     return read_table(f"{lake}/{schema}/{name}/{kind.value}", storage_options=options)
 
 
-def _config(
+def cluster_config(
     db: Database,
     cluster: StandaloneCluster,
     tmp_path: Path,
@@ -48,6 +48,9 @@ def _config(
     *,
     storage_options: dict[str, str] | None,
 ) -> Path:
+    """The pipeline's TOML file for ``cluster``: slot ``standalone``, publication ``cdc``,
+    changelog and mirror, the driver held to 1 MiB of task results, Spark's event logs in
+    ``events``."""
     changelog, lake = paths
     options = ""
     if storage_options:
@@ -139,7 +142,7 @@ def check_pipeline_on_cluster(
     db.execute("CREATE PUBLICATION cdc FOR TABLE accounts, orders, notes")
     events = tmp_path / "events"
     events.mkdir()
-    config = _config(db, cluster, tmp_path, events, paths, storage_options=storage_options)
+    config = cluster_config(db, cluster, tmp_path, events, paths, storage_options=storage_options)
     # The command in a process of its own, as users run it (and the S3 variant needs it: moto's
     # server runs in this process, and the Delta writes to it must not share its GIL).
     argv = ["pipeline", "run", "--config", str(config), "--once"]
