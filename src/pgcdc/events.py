@@ -30,6 +30,7 @@ from pgcdc.tupledata import RawValue as RawValue  # noqa: PLC0414
 from pgcdc.tupledata import Unchanged as Unchanged  # noqa: PLC0414
 from pgcdc.tupledata import decode_tuple_data as decode_tuple_data  # noqa: PLC0414
 from pgcdc.tupledata import encode_tuple_data as _encode_values
+from pgcdc.tupledata import read_tuple, trailing_bytes_error
 
 _NCOLS = struct.Struct("!H")
 
@@ -94,7 +95,11 @@ class EncodedRow(Sequence[RawValue]):
     def values(self) -> tuple[RawValue, ...]:
         values = self._values
         if values is None:
-            values = decode_tuple_data(self._data)
+            # decode_tuple_data, one call shorter: the Spark executors' row path.
+            data = self._data
+            values, end = read_tuple(data, 0, "surrogatepass")
+            if end != len(data):
+                raise trailing_bytes_error(len(data) - end)
             object.__setattr__(self, "_values", values)
         return values
 

@@ -64,6 +64,7 @@ server never sends an encoded surrogate); ``"surrogatepass"`` for rows pgcdc enc
 (``encode_tuple_data`` keeps lone surrogates of a Python ``str``, so such rows round-trip)."""
 
 _U16 = struct.Struct("!H")
+_COUNT = _U16.unpack_from
 _U32 = struct.Struct("!I")
 _KIND_LENGTH = struct.Struct("!BI").unpack_from  # a column's kind and (for t/b) length at once
 # Appended before a fast read so a NULL or unchanged last column reads as kind and length like
@@ -85,7 +86,7 @@ def read_tuple_reference(
     size = len(buf)
     if pos + 2 > size:
         raise DecodeError(f"TupleData of {max(size - pos, 0)} bytes has no column count")
-    (natts,) = _U16.unpack_from(buf, pos)
+    (natts,) = _COUNT(buf, pos)
     pos += 2
     values: list[RawValue] = []
     for number in range(1, natts + 1):
@@ -145,7 +146,7 @@ def read_tuple(
     unusual (unknown kind, a value past the end, bad UTF-8) goes to the reference, which says
     what is wrong."""
     try:
-        (natts,) = _U16.unpack_from(buf, pos)
+        (natts,) = _COUNT(buf, pos)
     except struct.error:
         return read_tuple_reference(buf, pos, text)
     start = pos
@@ -190,7 +191,7 @@ def tuple_end(buf: bytes, pos: int = 0, kind_length: Any = _KIND_LENGTH) -> int:
     start = pos
     padded = buf + _PAD
     try:
-        (natts,) = _U16.unpack_from(buf, pos)
+        (natts,) = _COUNT(buf, pos)
         pos += 2
         for _ in range(natts):
             kind, length = kind_length(padded, pos)

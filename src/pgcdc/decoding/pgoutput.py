@@ -156,41 +156,6 @@ _encoded_data = EncodedRow.__dict__["_data"].__set__
 _encoded_values = EncodedRow.__dict__["_values"].__set__
 
 
-def _scan_tuple(buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
-    """TupleData at ``pos`` as a checked ``EncodedRow`` (no value decoded, unless it must be
-    to check it), and the position after it: ``read_tuple_reference``'s verdict, from the
-    framing alone (``tuple_end``) when the row is ASCII, which is then valid UTF-8 throughout.
-    Any other row is read (``read_tuple``) and its values kept. A row not as wide as ``table``
-    raises."""
-    try:
-        (width,) = _U16(buf, pos)
-    except struct.error:
-        read_tuple_reference(buf, pos)  # raises: no column count
-        raise
-    if width != len(table.columns):
-        raise _width_error(width, table)
-    end = tuple_end(buf, pos)
-    data = buf[pos:end]
-    row = _new_object(EncodedRow)
-    _encoded_data(row, data)
-    if data.isascii():
-        _encoded_values(row, None)
-    else:
-        _encoded_values(row, read_tuple(data)[0])
-    return row, end
-
-
-def _check_width(buf: bytes, pos: int, table: Table) -> None:
-    """Raise unless the TupleData at ``pos`` has as many columns as ``table``."""
-    try:
-        (width,) = _U16(buf, pos)
-    except struct.error:
-        read_tuple_reference(buf, pos)  # raises: no column count
-        raise
-    if width != len(table.columns):
-        raise _width_error(width, table)
-
-
 def _width_error(width: int, table: Table) -> DecodeError:
     return DecodeError(
         f"the row has {width} columns but the Relation message for "
@@ -388,16 +353,38 @@ class PgOutputDecoder:
         return table
 
     def _row(self, buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
+        """The TupleData at ``pos`` as a row of ``table``, checked, and the position after it.
+
+        Lazy rows are ``EncodedRow``s checked as ``read_tuple_reference`` checks, from the
+        framing alone (``tuple_end``) when the row is ASCII, which is then valid UTF-8
+        throughout; any other row is read (``read_tuple``) and its values kept."""
+        try:
+            (width,) = _U16(buf, pos)
+        except struct.error:
+            read_tuple_reference(buf, pos)  # raises: no column count
+            raise
+        if width != len(table.columns):
+            raise _width_error(width, table)
         if self.lazy_rows:
-            return _scan_tuple(buf, pos, table)
-        _check_width(buf, pos, table)
+            end = tuple_end(buf, pos)
+            data = buf[pos:end]
+            row = _new_object(EncodedRow)
+            _encoded_data(row, data)
+            _encoded_values(row, None if data.isascii() else read_tuple(data)[0])
+            return row, end
         return read_tuple(buf, pos)
 
     def _last_row(self, buf: bytes, pos: int, table: Table) -> Row:
         """The tuple at ``pos``, which ends the message: with unchecked rows, just its bytes
         (the column count checked); otherwise read and checked."""
         if self._unchecked_rows:
-            _check_width(buf, pos, table)
+            try:
+                (width,) = _U16(buf, pos)
+            except struct.error:
+                read_tuple_reference(buf, pos)  # raises: no column count
+                raise
+            if width != len(table.columns):
+                raise _width_error(width, table)
             row: Row = _new_object(EncodedRow)
             _encoded_data(row, buf[pos:])
             _encoded_values(row, None)
@@ -514,24 +501,29 @@ class PgOutputDecoder:
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
+        pos += 5
+        try:
+            (width,) = _U16(buf, pos)
+        except struct.error:
+            read_tuple_reference(buf, pos)  # raises: no column count
+            raise
+        if width != len(table.columns):
+            raise _width_error(width, table)
+        row: Row
         if self._unchecked_rows:
-            pos += 5
-            try:
-                (width,) = _U16(buf, pos)
-            except struct.error:
-                read_tuple_reference(buf, pos)  # raises: no column count
-                raise
-            if width != len(table.columns):
-                raise _width_error(width, table)
-            row: Row = _new_object(EncodedRow)
+            row = _new_object(EncodedRow)
             _encoded_data(row, buf[pos:])
             _encoded_values(row, None)
             pos = len(buf)
         elif self.lazy_rows:
-            row, pos = _scan_tuple(buf, pos + 5, table)
+            end = tuple_end(buf, pos)
+            data = buf[pos:end]
+            row = _new_object(EncodedRow)
+            _encoded_data(row, data)
+            _encoded_values(row, None if data.isascii() else read_tuple(data)[0])
+            pos = end
         else:
-            _check_width(buf, pos + 5, table)
-            row, pos = read_tuple(buf, pos + 5)
+            row, pos = read_tuple(buf, pos)
         if pos != len(buf):
             self._check_end(buf, pos)
         event = _new_object(Insert)
@@ -556,7 +548,13 @@ class PgOutputDecoder:
         old: Row | None = None
         new: Row
         if kind == _NEW and self._unchecked_rows:
-            _check_width(buf, pos, table)
+            try:
+                (width,) = _U16(buf, pos)
+            except struct.error:
+                read_tuple_reference(buf, pos)  # raises: no column count
+                raise
+            if width != len(table.columns):
+                raise _width_error(width, table)
             new = _new_object(EncodedRow)
             _encoded_data(new, buf[pos:])
             _encoded_values(new, None)
