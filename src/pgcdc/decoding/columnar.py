@@ -259,7 +259,8 @@ def frame_rows(
 ) -> tuple[Framing, list[pa.Array | None]] | None:
     """The rows of ``width`` columns that fill ``starts`` to ``ends`` exactly, framed, with
     their text columns as checked string arrays (``text_columns``); None when any row is one
-    ``read_tuple_reference`` (strict UTF-8, nothing after the row) would refuse."""
+    ``read_tuple_reference`` (strict UTF-8, nothing after the row) would refuse, or a column
+    is too big for one Arrow array."""
     framing = frame_tuples(buffer, starts, ends, width)
     if framing is None or not np.array_equal(framing.ends, ends):
         return None
