@@ -14,12 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgcdc.decoding.arrow import rows_to_arrow
-from pgcdc.decoding.pgoutput import (
-    PgOutputDecoder,
-    PgOutputOptions,
-    Streaming,
-    _read_tuple_checked,
-)
+from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, Streaming
 from pgcdc.decoding.state import DecoderState
 from pgcdc.decoding.values import row_to_python
 from pgcdc.errors import DecodeError, InvalidRowValue
@@ -31,7 +26,6 @@ from pgcdc.events import (
     Insert,
     RawValue,
     Update,
-    decode_tuple_data,
     encode_tuple_data,
 )
 from pgcdc.lsn import LSN
@@ -88,29 +82,6 @@ def test_lone_surrogates_round_trip_as_stored() -> None:
 def test_values_that_are_not_raw_are_a_typed_error() -> None:
     with pytest.raises(InvalidRowValue, match="row value 5 of type int"):
         EncodedRow.from_values(("1", 5))  # type: ignore[arg-type]
-
-
-@settings(max_examples=examples(300), deadline=None)
-@given(rows, st.data())
-def test_garbled_tuple_data_fails_or_succeeds_like_the_checked_reader(
-    row: tuple[RawValue, ...], data: st.DataObject
-) -> None:
-    buf = bytearray(encode_tuple(row))
-    if buf and data.draw(st.booleans()):
-        buf = buf[: data.draw(st.integers(0, len(buf) - 1))]
-    for _ in range(data.draw(st.integers(0, 3))):
-        if buf:
-            buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
-    garbled = bytes(buf)
-    try:
-        expected: Any = _read_tuple_checked(garbled, 0)
-    except (DecodeError, struct.error, IndexError, UnicodeDecodeError):
-        expected = None
-    if expected is not None and expected[1] == len(garbled):
-        assert decode_tuple_data(garbled) == expected[0]
-    else:  # malformed, or bytes left after the row
-        with pytest.raises(DecodeError):
-            decode_tuple_data(garbled)
 
 
 # --- lazy decoding agrees with eager decoding ----------------------------------------------

@@ -45,14 +45,15 @@ from pgcdc.events import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
+from pgcdc.tupledata import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED
 
 FORMAT_VERSION = 2
 
-# Value kinds inside a row, as in pgoutput's TupleData.
-VALUE_NULL = ord("n")
-VALUE_UNCHANGED_TOAST = ord("u")
-VALUE_TEXT = ord("t")
-VALUE_BINARY = ord("b")
+# Value kinds inside a row: pgoutput's TupleData (``pgcdc.tupledata``).
+VALUE_NULL = KIND_NULL
+VALUE_UNCHANGED_TOAST = KIND_UNCHANGED
+VALUE_TEXT = KIND_TEXT
+VALUE_BINARY = KIND_BINARY
 
 # "transaction": the one row of a transaction without events (an empty commit, or the
 # COMMIT PREPARED / ROLLBACK PREPARED that settles a transaction emitted at PREPARE).

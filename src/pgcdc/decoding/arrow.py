@@ -588,8 +588,8 @@ def _width(row: Sequence[RawValue]) -> int:
     try:
         return len(row)
     except struct.error:
-        decode_tuple_data(row.data)  # type: ignore[attr-defined]
-        raise DecodeError("TupleData has no column count") from None
+        decode_tuple_data(row.data)  # type: ignore[attr-defined]  # raises: no column count
+        raise
 
 
 def _columnar_batch(table: Table, rows: list[Row], plan: _Plan) -> pa.RecordBatch | None:
@@ -602,12 +602,10 @@ def _columnar_batch(table: Table, rows: list[Row], plan: _Plan) -> pa.RecordBatc
     lengths = np.fromiter(map(len, datas), np.int64, len(datas))
     ends = np.cumsum(lengths)
     buffer = columnar.WireBuffer(b"".join(datas))
-    framing = columnar.frame_tuples(buffer, ends - lengths, ends, len(table.columns))
-    if framing is None or bool((framing.ends != ends).any()):
+    framed = columnar.frame_rows(buffer, ends - lengths, ends, len(table.columns))
+    if framed is None:
         return None
-    strings = columnar.text_columns(framing)
-    if strings is None:
-        return None
+    framing, strings = framed
     return _framed_batch(table, framing, plan, strings)
 
 

@@ -32,6 +32,7 @@ from pgcdc.decoding.values import TypeRegistry, Types, registry_for
 from pgcdc.errors import DecodeError
 from pgcdc.events import Delete, EncodedRow, Event, Insert, Row, Table, Update
 from pgcdc.lsn import LSN
+from pgcdc.tupledata import KIND_NULL
 
 __all__ = ["ChangeBatch", "DecodedBatch", "decode_batch", "decode_many"]
 
@@ -466,7 +467,7 @@ def _select(
     buffer = parts[0][1].columns[0].buffer if width else None
     views = []
     for k in range(width):
-        kinds = np.full(count, columnar.KIND_NULL, np.uint8)
+        kinds = np.full(count, KIND_NULL, np.uint8)
         starts = np.zeros(count, np.int64)
         lengths = np.zeros(count, np.int64)
         for rows, framing, taken in parts:

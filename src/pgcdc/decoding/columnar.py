@@ -9,9 +9,12 @@ turns one column into its typed Arrow array (text format through Arrow casts, bi
 through numpy views), marking the values it leaves to the per-value codecs (infinities, NaN,
 BC dates, anything unusual) so the caller converts just those the careful way.
 
-Nothing here decides alone: whatever does not match what the per-value codecs would produce
-exactly is either marked for them or makes ``fast_column`` return None (the whole column goes
-per value, which also raises the DecodeError that explains bad input).
+Nothing here decides alone. ``frame_tuples`` and ``frame_rows`` implement
+``pgcdc.tupledata.read_tuple_reference`` for many rows: they accept exactly the rows it reads
+(``frame_rows`` with text checked as strict UTF-8) and refuse the rest by returning None, so the
+caller reads those rows one by one, and the reference says what is wrong. Whatever does not match
+what the per-value codecs would produce exactly is either marked for them or makes
+``fast_column`` return None (the whole column goes per value).
 """
 
 from __future__ import annotations
@@ -25,7 +28,15 @@ import pyarrow.compute as pc
 
 from pgcdc.decoding.textforms import GEOMETRIC
 from pgcdc.errors import DecodeError
-from pgcdc.events import UNCHANGED_TOAST, RawValue, decode_tuple_data
+from pgcdc.tupledata import (
+    KIND_BINARY,
+    KIND_NULL,
+    KIND_TEXT,
+    KIND_UNCHANGED,
+    UNCHANGED_TOAST,
+    RawValue,
+    decode_tuple_data,
+)
 
 __all__ = [
     "ColumnView",
@@ -34,6 +45,7 @@ __all__ = [
     "fast_column",
     "fast_kind",
     "first_unreadable_row",
+    "frame_rows",
     "frame_tuples",
     "text_columns",
     "text_strings",
@@ -42,7 +54,6 @@ __all__ = [
 Int64s = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
-KIND_NULL, KIND_UNCHANGED, KIND_TEXT, KIND_BINARY = (ord(c) for c in "nutb")
 _PAD = b"\0" * 16
 # Arrow's string/binary arrays have int32 offsets; bigger columns go per value.
 _MAX_COLUMN_BYTES = 2**31 - 1
@@ -206,7 +217,8 @@ class Framing:
 
 def frame_tuples(buffer: WireBuffer, starts: Int64s, limits: Int64s, width: int) -> Framing | None:
     """Walks the TupleData starting at ``starts`` (each must end by its ``limits``), all rows
-    at once, one column at a time. None when any of them is malformed (a column count other
+    at once, one column at a time: ``read_tuple_reference``'s framing, text not looked at
+    (``text_columns`` checks it). None when any of them is malformed (a column count other
     than ``width``, an unknown kind, a value past its limit): the caller then reads them one by
     one, which says what is wrong."""
     u8 = buffer.u8
@@ -240,6 +252,20 @@ def frame_tuples(buffer: WireBuffer, starts: Int64s, limits: Int64s, width: int)
             return None
         columns.append(ColumnView(buffer, kinds, value_starts, lengths))
     return Framing(tuple(columns), pos)
+
+
+def frame_rows(
+    buffer: WireBuffer, starts: Int64s, ends: Int64s, width: int
+) -> tuple[Framing, list[pa.Array | None]] | None:
+    """The rows of ``width`` columns that fill ``starts`` to ``ends`` exactly, framed, with
+    their text columns as checked string arrays (``text_columns``); None when any row is one
+    ``read_tuple_reference`` (strict UTF-8, nothing after the row) would refuse, or a column
+    is too big for one Arrow array."""
+    framing = frame_tuples(buffer, starts, ends, width)
+    if framing is None or not np.array_equal(framing.ends, ends):
+        return None
+    strings = text_columns(framing)
+    return None if strings is None else (framing, strings)
 
 
 def first_unreadable_row(rows: pa.Array) -> tuple[int, str] | None:

@@ -25,7 +25,6 @@ from pgcdc.decoding.pgtypes import BY_NAME, TypeInfo
 from pgcdc.decoding.state import DecoderState
 from pgcdc.errors import ConfigurationError, DecodeError, UnknownRelation, UnsupportedFeature
 from pgcdc.events import (
-    UNCHANGED_TOAST,
     Begin,
     BeginPrepare,
     Column,
@@ -38,7 +37,6 @@ from pgcdc.events import (
     Message,
     Origin,
     Prepare,
-    RawValue,
     Relation,
     ReplicaIdentity,
     RollbackPrepared,
@@ -55,6 +53,7 @@ from pgcdc.events import (
     field_setters,
 )
 from pgcdc.lsn import LSN
+from pgcdc.tupledata import read_tuple, read_tuple_reference, trailing_bytes_error, tuple_end
 
 __all__ = ["MAX_PROTO_VERSION", "PgOutputDecoder", "PgOutputOptions", "max_proto_version"]
 
@@ -83,8 +82,6 @@ _ROLLBACK_PREPARED = struct.Struct("!BQQqqI").unpack_from  # flags, 2 lsns, 2 ti
 _MESSAGE = struct.Struct("!BQ").unpack_from  # flags, lsn
 _ATTR = struct.Struct("!Ii").unpack_from  # type oid, type modifier
 
-# Tuple column kinds.
-_NULL, _UNCHANGED, _TEXT, _BINARY = b"n"[0], b"u"[0], b"t"[0], b"b"[0]
 _NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
 
 # First protocol version that has each message type.
@@ -155,137 +152,8 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos:end].decode(), end + 1
 
 
-_KIND_LENGTH = struct.Struct("!BI").unpack_from  # column kind and (for t/b) value length
-# Appended before the fast tuple read so a NULL or unchanged last column can be read as kind
-# and length like the others; values never reach into it (checked once, at the end).
-_PAD = b"\0\0\0\0"
-
-
-def _read_tuple(buf: bytes, pos: int, kind_length: Any = _KIND_LENGTH) -> tuple[Row, int]:
-    """TupleData at ``pos``: the row and the position after it. The hot loop of decoding.
-
-    One ``struct`` call per column reads kind and length together; text values are slices of
-    one latin-1 decode of the message (so one object per value), and only values that are not
-    ASCII are decoded again as UTF-8, where latin-1 would differ. Anything unusual (unknown
-    kind, a value past the end) goes to ``_read_tuple_checked``, which says what is wrong.
-    """
-    (natts,) = _U16(buf, pos)
-    start = pos
-    pos += 2
-    size = len(buf)
-    padded = buf + _PAD
-    text = str(padded, "latin-1")
-    ascii = text.isascii()
-    values: list[RawValue] = [None] * natts
-    try:
-        for index in range(natts):
-            kind, length = kind_length(padded, pos)
-            if kind == _TEXT:
-                first = pos + 5
-                pos = first + length
-                value = text[first:pos]
-                values[index] = value if ascii or value.isascii() else padded[first:pos].decode()
-            elif kind == _NULL:
-                pos += 1
-            elif kind == _UNCHANGED:
-                values[index] = UNCHANGED_TOAST
-                pos += 1
-            elif kind == _BINARY:
-                first = pos + 5
-                pos = first + length
-                values[index] = padded[first:pos]
-            else:
-                return _read_tuple_checked(buf, start)
-    except (struct.error, UnicodeDecodeError):  # a length past the end, or bad UTF-8
-        return _read_tuple_checked(buf, start)
-    if pos > size:
-        return _read_tuple_checked(buf, start)
-    return tuple(values), pos
-
-
-def _read_tuple_checked(buf: bytes, pos: int) -> tuple[Row, int]:
-    """TupleData read one field at a time with every bound checked: the reference for
-    ``_read_tuple`` and the source of its error messages."""
-    (natts,) = _U16(buf, pos)
-    pos += 2
-    size = len(buf)
-    values: list[RawValue] = []
-    append = values.append
-    for _ in range(natts):
-        kind = buf[pos]
-        pos += 1
-        if kind == _TEXT:
-            (length,) = _U32(buf, pos)
-            pos += 4
-            end = pos + length
-            if end > size:
-                raise DecodeError(f"a column value of {length} bytes runs past the message end")
-            append(buf[pos:end].decode())
-            pos = end
-        elif kind == _NULL:
-            append(None)
-        elif kind == _UNCHANGED:
-            append(UNCHANGED_TOAST)
-        elif kind == _BINARY:
-            (length,) = _U32(buf, pos)
-            pos += 4
-            end = pos + length
-            if end > size:
-                raise DecodeError(f"a column value of {length} bytes runs past the message end")
-            append(buf[pos:end])
-            pos = end
-        else:
-            raise DecodeError(f"unknown column kind {kind!r} (expected n, u, t or b)")
-    return tuple(values), pos
-
-
 _encoded_data = EncodedRow.__dict__["_data"].__set__
 _encoded_values = EncodedRow.__dict__["_values"].__set__
-
-
-def _scan_tuple(
-    buf: bytes, pos: int, table: Table, kind_length: Any = _KIND_LENGTH
-) -> tuple[Row, int]:
-    """TupleData at ``pos`` as an ``EncodedRow`` (no value decoded), and the position after it.
-
-    Walks only the framing, one ``struct`` call per column (kind and length together, on a
-    padded copy so a trailing NULL reads like the rest). The bytes are then checked in one
-    call: an ASCII row is valid UTF-8 throughout; any other row is decoded strictly here (and
-    its values kept), so bad input still fails at decode time. Anything malformed goes to
-    ``_read_tuple_checked``, which says what is wrong; a row not as wide as ``table`` raises.
-    """
-    start = pos
-    padded = buf + _PAD
-    try:
-        (natts,) = _U16(buf, pos)
-        if natts != len(table.columns):
-            raise _width_error(natts, table)
-        pos += 2
-        for _ in range(natts):
-            kind, length = kind_length(padded, pos)
-            if kind == _TEXT:
-                pos += 5 + length
-            elif kind == _NULL:
-                pos += 1
-            elif kind == _BINARY:
-                pos += 5 + length
-            elif kind == _UNCHANGED:
-                pos += 1
-            else:
-                return _read_tuple_checked(buf, start)
-    except struct.error:
-        return _read_tuple_checked(buf, start)
-    if pos > len(buf):
-        return _read_tuple_checked(buf, start)
-    data = buf[start:pos]
-    row = _new_object(EncodedRow)
-    _encoded_data(row, data)
-    if data.isascii():
-        _encoded_values(row, None)
-    else:
-        values, _ = _read_tuple(data, 0)
-        _encoded_values(row, values)
-    return row, pos
 
 
 def _width_error(width: int, table: Table) -> DecodeError:
@@ -463,7 +331,7 @@ class PgOutputDecoder:
     @staticmethod
     def _check_end(buf: bytes, pos: int) -> None:
         if pos != len(buf):
-            raise DecodeError(f"{len(buf) - pos} unexpected trailing bytes")
+            raise trailing_bytes_error(len(buf) - pos)
 
     def _stream_xid(self, buf: bytes) -> tuple[int | None, int]:
         """The xid pgoutput puts after the type byte inside a stream block, and where the
@@ -485,17 +353,36 @@ class PgOutputDecoder:
         return table
 
     def _row(self, buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
+        """The TupleData at ``pos`` as a row of ``table``, checked, and the position after it.
+
+        Lazy rows are ``EncodedRow``s checked as ``read_tuple_reference`` checks, from the
+        framing alone (``tuple_end``) when the row is ASCII, which is then valid UTF-8
+        throughout; any other row is read (``read_tuple``) and its values kept."""
+        try:
+            (width,) = _U16(buf, pos)
+        except struct.error:
+            read_tuple_reference(buf, pos)  # raises: no column count
+            raise
+        if width != len(table.columns):
+            raise _width_error(width, table)
         if self.lazy_rows:
-            return _scan_tuple(buf, pos, table)
-        if _U16(buf, pos)[0] != len(table.columns):
-            raise _width_error(_U16(buf, pos)[0], table)
-        return _read_tuple(buf, pos)
+            end = tuple_end(buf, pos)
+            data = buf[pos:end]
+            row = _new_object(EncodedRow)
+            _encoded_data(row, data)
+            _encoded_values(row, None if data.isascii() else read_tuple(data)[0])
+            return row, end
+        return read_tuple(buf, pos)
 
     def _last_row(self, buf: bytes, pos: int, table: Table) -> Row:
         """The tuple at ``pos``, which ends the message: with unchecked rows, just its bytes
         (the column count checked); otherwise read and checked."""
         if self._unchecked_rows:
-            (width,) = _U16(buf, pos)
+            try:
+                (width,) = _U16(buf, pos)
+            except struct.error:
+                read_tuple_reference(buf, pos)  # raises: no column count
+                raise
             if width != len(table.columns):
                 raise _width_error(width, table)
             row: Row = _new_object(EncodedRow)
@@ -614,20 +501,29 @@ class PgOutputDecoder:
         table = self._relations.get(oid) or self._table(oid, lsn, "Insert")
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
+        pos += 5
+        try:
+            (width,) = _U16(buf, pos)
+        except struct.error:
+            read_tuple_reference(buf, pos)  # raises: no column count
+            raise
+        if width != len(table.columns):
+            raise _width_error(width, table)
+        row: Row
         if self._unchecked_rows:
-            pos += 5
-            if _U16(buf, pos)[0] != len(table.columns):
-                raise _width_error(_U16(buf, pos)[0], table)
-            row: Row = _new_object(EncodedRow)
+            row = _new_object(EncodedRow)
             _encoded_data(row, buf[pos:])
             _encoded_values(row, None)
             pos = len(buf)
         elif self.lazy_rows:
-            row, pos = _scan_tuple(buf, pos + 5, table)
+            end = tuple_end(buf, pos)
+            data = buf[pos:end]
+            row = _new_object(EncodedRow)
+            _encoded_data(row, data)
+            _encoded_values(row, None if data.isascii() else read_tuple(data)[0])
+            pos = end
         else:
-            if _U16(buf, pos + 5)[0] != len(table.columns):
-                raise _width_error(_U16(buf, pos + 5)[0], table)
-            row, pos = _read_tuple(buf, pos + 5)
+            row, pos = read_tuple(buf, pos)
         if pos != len(buf):
             self._check_end(buf, pos)
         event = _new_object(Insert)
@@ -652,8 +548,13 @@ class PgOutputDecoder:
         old: Row | None = None
         new: Row
         if kind == _NEW and self._unchecked_rows:
-            if _U16(buf, pos)[0] != len(table.columns):
-                raise _width_error(_U16(buf, pos)[0], table)
+            try:
+                (width,) = _U16(buf, pos)
+            except struct.error:
+                read_tuple_reference(buf, pos)  # raises: no column count
+                raise
+            if width != len(table.columns):
+                raise _width_error(width, table)
             new = _new_object(EncodedRow)
             _encoded_data(new, buf[pos:])
             _encoded_values(new, None)

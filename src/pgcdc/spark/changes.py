@@ -101,13 +101,10 @@ def _tuples_to_arrow(
     data = b"" if values is None else values[int(offsets[0]) : int(offsets[-1])].to_pybytes()
     ends = offsets[1:] - offsets[0]
     starts = offsets[:-1] - offsets[0]
-    framing = columnar.frame_tuples(columnar.WireBuffer(data), starts, ends, width)
-    strings = None
-    if framing is not None and not bool((framing.ends != ends).any()):
-        strings = columnar.text_columns(framing)
-    if framing is None or strings is None:
+    framed = columnar.frame_rows(columnar.WireBuffer(data), starts, ends, width)
+    if framed is None:
         return rows_to_arrow(table, _rows(column, EncodedRow(empty)), options, types)
-    return framed_to_arrow(table, framing, strings, options, types)
+    return framed_to_arrow(table, *framed, options, types)
 
 
 def _old_struct(
