@@ -1,0 +1,176 @@
+"""COPY ... TO STDOUT (FORMAT binary) output as pgoutput's binary rows, and which column types
+can travel that way.
+
+A COPY binary tuple is an int16 field count, then per field an int32 length (-1 for NULL) and
+the type's send-function bytes: the bytes pgoutput's binary mode sends for the same value. Its
+TupleData form differs only by a kind byte before each field ('b' before the length, 'n'
+instead of a -1 length), so a tuple becomes an ``EncodedRow`` by splicing, with no value
+decoded: the change log stores it as it stores a streamed binary row, and readers decode both
+alike.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+
+from pgcdc.decoding.values import ResolvedType, TypeRegistry
+from pgcdc.errors import DecodeError
+from pgcdc.events import EncodedRow
+
+__all__ = ["COPY_BINARY_SIGNATURE", "CopyBinaryReader", "binary_decodable"]
+
+COPY_BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_HEADER_BYTES = len(COPY_BINARY_SIGNATURE) + 8  # then the flags and the extension length
+_OIDS_FLAG = 1 << 16
+_CRITICAL_FLAGS = 0xFFFF0000  # bits 16-31: a reader must refuse what it does not know
+_INT16 = struct.Struct("!h").unpack_from
+_INT32 = struct.Struct("!i").unpack_from
+_TWO_INT32 = struct.Struct("!ii").unpack_from
+_NULL_KIND = b"n"
+_BINARY_KIND = b"b"
+
+
+class CopyBinaryReader:
+    """Turns the CopyData chunks of one binary COPY into ``EncodedRow``s of ``width`` columns.
+
+    Chunks may split tuples anywhere (the server sends one per tuple, but nothing here relies
+    on it): an incomplete tuple waits for the next chunk. ``finish`` checks the stream ended
+    with its trailer.
+    """
+
+    def __init__(self, width: int) -> None:
+        if not 0 <= width <= 0x7FFF:
+            raise DecodeError(f"a COPY binary tuple cannot have {width} fields")
+        self.width = width
+        self._pending = b""
+        self._header_read = False
+        self._ended = False
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[EncodedRow]:
+        """The whole tuples completed by ``chunk``."""
+        data = self._pending + chunk if self._pending else bytes(chunk)
+        pos = 0
+        if not self._header_read:
+            pos = self._header(data)
+            if pos < 0:
+                self._pending = data
+                return []
+        rows: list[EncodedRow] = []
+        append = rows.append
+        width = self.width
+        size = len(data)
+        int16, int32 = _INT16, _INT32
+        null, binary = _NULL_KIND, _BINARY_KIND
+        while pos < size:
+            if self._ended:
+                raise DecodeError(f"{size - pos} bytes after the COPY binary trailer")
+            if pos + 2 > size:
+                break
+            (count,) = int16(data, pos)
+            if count != width:
+                if count == -1:
+                    self._ended = True
+                    pos += 2
+                    continue
+                raise DecodeError(
+                    f"COPY binary tuple has {count} fields, expected {width} (the table's "
+                    "published columns)"
+                )
+            parts = [data[pos : pos + 2]]
+            field = pos + 2
+            for _ in range(width):
+                if field + 4 > size:
+                    break
+                (length,) = int32(data, field)
+                if length == -1:
+                    parts.append(null)
+                    field += 4
+                    continue
+                if length < 0:
+                    raise DecodeError(f"COPY binary field has length {length}")
+                end = field + 4 + length
+                if end > size:
+                    break
+                parts.append(binary)
+                parts.append(data[field:end])
+                field = end
+            else:
+                append(EncodedRow(b"".join(parts)))
+                pos = field
+                continue
+            break  # the tuple goes on in the next chunk
+        self._pending = data[pos:]
+        return rows
+
+    def _header(self, data: bytes) -> int:
+        """Where the first tuple starts, or -1 while the header is incomplete."""
+        if len(data) < _HEADER_BYTES:
+            if not COPY_BINARY_SIGNATURE.startswith(data[: len(COPY_BINARY_SIGNATURE)]):
+                raise DecodeError(f"not a COPY binary stream: it starts with {data[:11]!r}")
+            return -1
+        if not data.startswith(COPY_BINARY_SIGNATURE):
+            raise DecodeError(f"not a COPY binary stream: it starts with {data[:11]!r}")
+        flags, extension = _TWO_INT32(data, len(COPY_BINARY_SIGNATURE))
+        if flags & _CRITICAL_FLAGS:
+            what = "carries OIDs" if flags & _OIDS_FLAG else f"has unknown flags {flags:#x}"
+            raise DecodeError(f"the COPY binary stream {what}; pgcdc reads only plain tuples")
+        if extension < 0:
+            raise DecodeError(f"COPY binary header extension of length {extension}")
+        start = _HEADER_BYTES + int(extension)
+        if len(data) < start:
+            return -1
+        self._header_read = True
+        return start
+
+    def finish(self) -> None:
+        """Raise unless the stream was whole: header, complete tuples, trailer."""
+        if not self._header_read:
+            raise DecodeError("the COPY binary stream ended inside its header")
+        if self._pending:
+            raise DecodeError(
+                f"the COPY binary stream ended inside a tuple ({len(self._pending)} bytes left)"
+            )
+        if not self._ended:
+            raise DecodeError("the COPY binary stream ended without its trailer")
+
+
+def binary_decodable(
+    registry: TypeRegistry,
+    type_oids: Iterable[int],
+    composite_fields: Mapping[int, Iterable[int]],
+    *,
+    prints_as_text: bool = True,
+    money: bool = True,
+) -> bool:
+    """Whether every type of ``type_oids`` has a binary decoder giving what its text gives.
+
+    Types the registry does not know (extensions, or built-ins it has no codec for) have none.
+    A composite needs all of its fields (``composite_fields``: composite OID -> field type
+    OIDs) decodable. Composites, ranges and multiranges are decoded to their output function's
+    text, which matches the server's only under pgcdc's session settings: ``prints_as_text``
+    False rules them out. ``money`` False rules out money, whose binary form is a count of
+    units the registry would scale by the wrong number of fraction digits.
+    """
+    seen: set[int] = set()
+
+    def decodable(resolved: ResolvedType) -> bool:
+        name = resolved.name
+        if name == "unknown":
+            return False
+        if name == "money" and not money:
+            return False
+        if name in ("array", "vector", "range", "multirange"):
+            if name in ("range", "multirange") and not prints_as_text:
+                return False
+            return resolved.element is not None and decodable(resolved.element)
+        if name == "composite":
+            if not prints_as_text or resolved.oid not in composite_fields:
+                return False
+            if resolved.oid in seen:
+                return True
+            seen.add(resolved.oid)
+            return all(decodable(registry.resolve(f)) for f in composite_fields[resolved.oid])
+        return True
+
+    return all(decodable(registry.resolve(oid)) for oid in type_oids)
