@@ -50,7 +50,7 @@ from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
-from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
+from pgcdc.decoding.copybinary import Buffer, CopyBinaryReader, binary_decodable
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.values import TypeRegistry
 from pgcdc.errors import (
@@ -61,7 +61,18 @@ from pgcdc.errors import (
     SlotAlreadyExists,
     SnapshotError,
 )
-from pgcdc.events import Column, Event, Insert, Relation, ReplicaIdentity, Row, Table, Truncate
+from pgcdc.events import (
+    Column,
+    EncodedRow,
+    Event,
+    Insert,
+    Relation,
+    ReplicaIdentity,
+    Row,
+    Table,
+    Truncate,
+    field_setters,
+)
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options
 from pgcdc.transactions import CommittedTransaction, TransactionSink
@@ -73,6 +84,7 @@ __all__ = [
     "SnapshotResult",
     "SnapshotTable",
     "copy_query",
+    "inserts",
     "parse_copy_text_row",
     "plan_chunks",
     "recopy_tables",
@@ -408,6 +420,33 @@ def parse_copy_text_row(line: bytes | bytearray | memoryview, width: int) -> Row
     )
 
 
+# --- COPY binary format ----------------------------------------------------------------------
+
+_new_object = object.__new__
+_set_row_data = EncodedRow.__dict__["_data"].__set__
+_set_row_values = EncodedRow.__dict__["_values"].__set__
+_INSERT_SETTERS = field_setters(Insert)
+
+
+def inserts(lsn: LSN, table: Table, rows: Sequence[bytes]) -> list[Event]:
+    """An ``Insert`` of each TupleData row, as an ``EncodedRow``, built through slot setters:
+    the constructors would cost more than splicing the row did."""
+    set_lsn, set_table, set_new, set_xid = _INSERT_SETTERS
+    events: list[Event] = []
+    append = events.append
+    for data in rows:
+        row = _new_object(EncodedRow)
+        _set_row_data(row, data)
+        _set_row_values(row, None)
+        event = _new_object(Insert)
+        set_lsn(event, lsn)
+        set_table(event, table)
+        set_new(event, row)
+        set_xid(event, None)
+        append(event)
+    return events
+
+
 # --- taking the snapshot ---------------------------------------------------------------------
 
 
@@ -492,15 +531,19 @@ class _Copier:
             with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
                 if chunk.table.binary:
                     reader = CopyBinaryReader(width)
+                    messages: list[Buffer] = []
                     for data in copy:
-                        batch.extend(Insert(lsn, table, row) for row in reader.feed(data))
+                        messages.append(data)
                         size += len(data)
-                        if len(batch) >= BATCH_ROWS or size >= BATCH_BYTES:
+                        if len(messages) >= BATCH_ROWS or size >= BATCH_BYTES:
+                            batch = inserts(lsn, table, reader.read_messages(messages))
+                            messages = []
                             if not self._put(batch):
                                 return
                             rows += len(batch)
                             total += size
                             batch, size = [], 0
+                    batch = inserts(lsn, table, reader.read_messages(messages))
                     reader.finish()
                 else:
                     for line in copy:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.codec import type_info_of
 from pgcdc.decoding.arrow import rows_to_arrow
-from pgcdc.decoding.copybinary import COPY_BINARY_SIGNATURE, CopyBinaryReader
+from pgcdc.decoding.copybinary import COPY_BINARY_SIGNATURE, CopyBinaryReader, splice_tuples
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.values import TypeRegistry
 from pgcdc.errors import DecodeError, InvalidOption
@@ -37,11 +37,17 @@ def copy_tuple(row: tuple[bytes | None, ...]) -> bytes:
     return b"".join(fields)
 
 
-def read_all(width: int, chunks: list[bytes]) -> list[EncodedRow]:
+def read_all(width: int, chunks: list[bytes], batch: int = 0) -> list[EncodedRow]:
+    """The rows of ``chunks`` fed one by one, or ``batch`` at a time to ``read_messages``."""
     reader = CopyBinaryReader(width)
-    rows = [row for chunk in chunks for row in reader.feed(memoryview(chunk))]
+    views = [memoryview(chunk) for chunk in chunks]
+    if batch:
+        groups = [views[i : i + batch] for i in range(0, len(views), batch)]
+        rows = [row for group in groups for row in reader.read_messages(group)]
+    else:
+        rows = [row for view in views for row in reader.feed(view)]
     reader.finish()
-    return rows
+    return [EncodedRow(row) for row in rows]
 
 
 binary_rows = st.integers(0, 5).flatmap(
@@ -62,6 +68,28 @@ def test_tuples_become_pgoutput_binary_rows_however_the_stream_is_cut(
     got = read_all(width, chunks)
     assert [r.data for r in got] == [encode_tuple_data(r) for r in rows]
     assert got == rows  # as tuples of raw values: bytes, None for NULL
+    # Chunks that are not one tuple each leave read_messages to the general reader.
+    assert read_all(width, chunks, batch=3) == got
+
+
+@given(binary_rows, st.integers(1, 8))
+def test_one_tuple_per_message_is_spliced_in_batches_as_one_by_one(
+    table: tuple[int, list[tuple[bytes | None, ...]]], batch: int
+) -> None:
+    """As the server sends them: the header with the first tuple, the trailer alone."""
+    width, rows = table
+    messages = [copy_tuple(r) for r in rows]
+    if messages:
+        messages[0] = HEADER + messages[0]
+    else:
+        messages = [HEADER]
+    messages.append(TRAILER)
+    expected = [encode_tuple_data(r) for r in rows]
+    assert [r.data for r in read_all(width, messages)] == expected
+    assert [r.data for r in read_all(width, messages, batch)] == expected
+    body = b"".join(messages[1:-1])
+    ends = list(itertools.accumulate(len(m) for m in messages[1:-1]))
+    assert splice_tuples(body, ends, width) == expected[1:]
 
 
 def test_header_extension_is_skipped() -> None:
@@ -86,9 +114,25 @@ def test_header_extension_is_skipped() -> None:
         (COPY_BINARY_SIGNATURE[:5], "ended inside its header"),
     ],
 )
-def test_malformed_streams_are_typed_errors(stream: bytes, why: str) -> None:
+@pytest.mark.parametrize("batch", [0, 1, 4])
+def test_malformed_streams_are_typed_errors(stream: bytes, why: str, batch: int) -> None:
     with pytest.raises(DecodeError, match=why):
-        read_all(2, [stream])
+        read_all(2, [stream], batch)
+    # Cut at the tuples, as the server sends them.
+    header, tuples = stream[: len(HEADER)], stream[len(HEADER) :]
+    with pytest.raises(DecodeError, match=why):
+        read_all(2, [header + tuples[:8], tuples[8:12], tuples[12:]], batch)
+
+
+def test_messages_that_are_not_one_tuple_each_are_not_spliced() -> None:
+    one, two = copy_tuple((b"a", None)), copy_tuple((None, b"bc"))
+    assert splice_tuples(one + two, [len(one + two)], 2) is None  # two in one message
+    assert splice_tuples(one + two, [3, len(one + two)], 2) is None  # cut inside a tuple
+    assert splice_tuples(one, [len(one)], 3) is None  # another width
+    assert splice_tuples(one + two, [len(one), len(one + two)], 2) == [
+        encode_tuple_data((b"a", None)),
+        encode_tuple_data((None, b"bc")),
+    ]
 
 
 # --- against the server ----------------------------------------------------------------------

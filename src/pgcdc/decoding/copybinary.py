@@ -4,21 +4,31 @@ can travel that way.
 A COPY binary tuple is an int16 field count, then per field an int32 length (-1 for NULL) and
 the type's send-function bytes: the bytes pgoutput's binary mode sends for the same value. Its
 TupleData form differs only by a kind byte before each field ('b' before the length, 'n'
-instead of a -1 length), so a tuple becomes an ``EncodedRow`` by splicing, with no value
+instead of a -1 length), so a tuple becomes an ``EncodedRow``'s bytes by splicing, with no value
 decoded: the change log stores it as it stores a streamed binary row, and readers decode both
-alike.
+alike. The server sends each tuple in a CopyData message of its own; ``CopyBinaryReader.
+read_messages`` splices many such messages at once with numpy (one pass per column over every
+row), since a Python loop over each field of each row costs more than the text format's split.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
 
 from pgcdc.decoding.values import ResolvedType, TypeRegistry
 from pgcdc.errors import DecodeError
-from pgcdc.events import EncodedRow
 
-__all__ = ["COPY_BINARY_SIGNATURE", "CopyBinaryReader", "binary_decodable"]
+__all__ = [
+    "COPY_BINARY_SIGNATURE",
+    "Buffer",
+    "CopyBinaryReader",
+    "binary_decodable",
+    "splice_tuples",
+]
 
 COPY_BINARY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _HEADER_BYTES = len(COPY_BINARY_SIGNATURE) + 8  # then the flags and the extension length
@@ -29,10 +39,73 @@ _INT32 = struct.Struct("!i").unpack_from
 _TWO_INT32 = struct.Struct("!ii").unpack_from
 _NULL_KIND = b"n"
 _BINARY_KIND = b"b"
+_TRAILER = b"\xff\xff"
+_BIG_ENDIAN_INT32 = np.array([1 << 24, 1 << 16, 1 << 8, 1], dtype=np.int64)
+Buffer = bytes | bytearray | memoryview
+
+
+def splice_tuples(data: bytes, ends: Sequence[int], width: int) -> list[bytes] | None:
+    """The TupleData of each tuple of ``data``, tuple i ending at ``ends[i]`` (the CopyData
+    message boundaries); None when the messages are not one whole tuple of ``width`` fields
+    each, for the general reader to take them (and name what is wrong)."""
+    count = len(ends)
+    if count == 0:
+        return []
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    row_ends = np.asarray(ends, dtype=np.int64)
+    row_starts = np.empty_like(row_ends)
+    row_starts[0] = 0
+    row_starts[1:] = row_ends[:-1]
+    if int(row_ends[-1]) != len(data) or bool((row_ends - row_starts < 2).any()):
+        return None
+    field_counts = buffer[row_starts].astype(np.int64) << 8 | buffer[row_starts + 1]
+    if bool((field_counts != width).any()):
+        return None
+    # Each column's field offsets and lengths over every row, column by column.
+    offsets = np.empty((count, width), dtype=np.int64)
+    lengths = np.empty((count, width), dtype=np.int64)
+    position = row_starts + 2
+    four = np.arange(4, dtype=np.int64)
+    for column in range(width):
+        if bool((position + 4 > row_ends).any()):
+            return None
+        raw = buffer[position[:, None] + four].astype(np.int64) @ _BIG_ENDIAN_INT32
+        length = np.where(raw >= 1 << 31, raw - (1 << 32), raw)  # int32, signed
+        if bool((length < -1).any()):
+            return None
+        offsets[:, column] = position
+        lengths[:, column] = length
+        position = position + 4 + np.maximum(length, 0)
+    if bool((position != row_ends).any()):
+        return None
+    # TupleData: a kind byte before each field ('b' before its length, 'n' instead of a -1
+    # length). Each byte moves right by the kinds inserted up to it and left by the NULL
+    # lengths dropped before it; the dropped bytes go to a spare last byte, cut off after.
+    size = len(buffer)
+    field_offsets = offsets.ravel()
+    nulls = lengths.ravel() == -1
+    null_offsets = field_offsets[nulls]
+    spliced_size = size + len(field_offsets) - 4 * len(null_offsets)
+    steps = np.ones(size + 1, dtype=np.int32)
+    steps[field_offsets] += 1
+    steps[null_offsets + 4] -= 4
+    targets = np.cumsum(steps[:size], dtype=np.int32)
+    targets -= 1
+    kind_targets = targets[field_offsets] - 1
+    row_targets = targets[row_starts].tolist()
+    if len(null_offsets):
+        targets[(null_offsets[:, None] + four).ravel()] = spliced_size
+    spliced = np.empty(spliced_size + 1, dtype=np.uint8)
+    spliced[targets] = buffer
+    spliced[kind_targets] = np.where(nulls, ord(_NULL_KIND), ord(_BINARY_KIND))
+    out = spliced[:spliced_size].tobytes()
+    bounds = [*row_targets, spliced_size]
+    return [out[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 class CopyBinaryReader:
-    """Turns the CopyData chunks of one binary COPY into ``EncodedRow``s of ``width`` columns.
+    """Turns the CopyData chunks of one binary COPY into the TupleData (``EncodedRow`` bytes)
+    of its tuples of ``width`` columns.
 
     Chunks may split tuples anywhere (the server sends one per tuple, but nothing here relies
     on it): an incomplete tuple waits for the next chunk. ``finish`` checks the stream ended
@@ -47,7 +120,7 @@ class CopyBinaryReader:
         self._header_read = False
         self._ended = False
 
-    def feed(self, chunk: bytes | bytearray | memoryview) -> list[EncodedRow]:
+    def feed(self, chunk: Buffer) -> list[bytes]:
         """The whole tuples completed by ``chunk``."""
         data = self._pending + chunk if self._pending else bytes(chunk)
         pos = 0
@@ -56,7 +129,7 @@ class CopyBinaryReader:
             if pos < 0:
                 self._pending = data
                 return []
-        rows: list[EncodedRow] = []
+        rows: list[bytes] = []
         append = rows.append
         width = self.width
         size = len(data)
@@ -96,11 +169,33 @@ class CopyBinaryReader:
                 parts.append(data[field:end])
                 field = end
             else:
-                append(EncodedRow(b"".join(parts)))
+                append(b"".join(parts))
                 pos = field
                 continue
             break  # the tuple goes on in the next chunk
         self._pending = data[pos:]
+        return rows
+
+    def read_messages(self, messages: Sequence[Buffer]) -> list[bytes]:
+        """The tuples of consecutive CopyData ``messages``: the same rows ``feed`` gives for
+        each in turn, at numpy's pace when each message holds one whole tuple."""
+        rows: list[bytes] = []
+        first = 0
+        while first < len(messages) and (not self._header_read or self._pending):
+            rows.extend(self.feed(messages[first]))
+            first += 1
+        last = len(messages)
+        trailer = last > first and bytes(messages[last - 1]) == _TRAILER
+        body = messages[first : last - 1] if trailer else messages[first:last]
+        if body and not self._ended:
+            ends = np.cumsum([len(m) for m in body]).tolist()
+            data = b"".join(body)
+            spliced = splice_tuples(data, ends, self.width)
+            rows.extend(self.feed(data) if spliced is None else spliced)
+        elif body:
+            rows.extend(self.feed(b"".join(body)))
+        if trailer:
+            rows.extend(self.feed(messages[last - 1]))
         return rows
 
     def _header(self, data: bytes) -> int:
