@@ -50,7 +50,7 @@ from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
-from pgcdc.decoding.copybinary import Buffer, CopyBinaryReader, binary_decodable
+from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.values import TypeRegistry
 from pgcdc.errors import (
@@ -531,19 +531,21 @@ class _Copier:
             with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
                 if chunk.table.binary:
                     reader = CopyBinaryReader(width)
-                    messages: list[Buffer] = []
+                    # The messages in one buffer, and where each ends (one tuple each).
+                    received = bytearray()
+                    ends: list[int] = []
                     for data in copy:
-                        messages.append(data)
-                        size += len(data)
-                        if len(messages) >= BATCH_ROWS or size >= BATCH_BYTES:
-                            batch = inserts(lsn, table, reader.read_messages(messages))
-                            messages = []
+                        received += data
+                        ends.append(len(received))
+                        if len(ends) >= BATCH_ROWS or len(received) >= BATCH_BYTES:
+                            batch = inserts(lsn, table, reader.read_joined(bytes(received), ends))
                             if not self._put(batch):
                                 return
                             rows += len(batch)
-                            total += size
-                            batch, size = [], 0
-                    batch = inserts(lsn, table, reader.read_messages(messages))
+                            total += len(received)
+                            batch, received, ends = [], bytearray(), []
+                    batch = inserts(lsn, table, reader.read_joined(bytes(received), ends))
+                    size = len(received)
                     reader.finish()
                 else:
                     for line in copy:

@@ -92,6 +92,11 @@ def test_one_tuple_per_message_is_spliced_in_batches_as_one_by_one(
     assert splice_tuples(body, ends, width) == expected[1:]
 
 
+@pytest.mark.parametrize("batch", [0, 1, 2])
+def test_an_empty_copy_is_its_header_and_trailer_in_one_message(batch: int) -> None:
+    assert read_all(3, [HEADER + TRAILER], batch) == []
+
+
 def test_header_extension_is_skipped() -> None:
     header = COPY_BINARY_SIGNATURE + b"\0\0\0\0" + b"\0\0\0\3abc"
     assert read_all(1, [header + copy_tuple((b"x",)) + TRAILER]) == [(b"x",)]

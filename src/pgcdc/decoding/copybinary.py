@@ -18,6 +18,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from pgcdc.decoding.values import ResolvedType, TypeRegistry
 from pgcdc.errors import DecodeError
@@ -44,7 +45,9 @@ _BIG_ENDIAN_INT32 = np.array([1 << 24, 1 << 16, 1 << 8, 1], dtype=np.int64)
 Buffer = bytes | bytearray | memoryview
 
 
-def splice_tuples(data: bytes, ends: Sequence[int], width: int) -> list[bytes] | None:
+def splice_tuples(
+    data: bytes, ends: Sequence[int] | npt.NDArray[np.int64], width: int
+) -> list[bytes] | None:
     """The TupleData of each tuple of ``data``, tuple i ending at ``ends[i]`` (the CopyData
     message boundaries); None when the messages are not one whole tuple of ``width`` fields
     each, for the general reader to take them (and name what is wrong)."""
@@ -179,23 +182,31 @@ class CopyBinaryReader:
     def read_messages(self, messages: Sequence[Buffer]) -> list[bytes]:
         """The tuples of consecutive CopyData ``messages``: the same rows ``feed`` gives for
         each in turn, at numpy's pace when each message holds one whole tuple."""
+        ends = list(itertools.accumulate(len(m) for m in messages))
+        return self.read_joined(b"".join(messages), ends)
+
+    def read_joined(self, data: bytes, ends: Sequence[int]) -> list[bytes]:
+        """``read_messages`` of messages already joined into ``data``, message i ending at
+        ``ends[i]``: a copy loop appends each to one buffer rather than keep them apart."""
         rows: list[bytes] = []
-        first = 0
-        while first < len(messages) and (not self._header_read or self._pending):
-            rows.extend(self.feed(messages[first]))
-            first += 1
-        last = len(messages)
-        trailer = last > first and bytes(messages[last - 1]) == _TRAILER
-        body = messages[first : last - 1] if trailer else messages[first:last]
-        if body and not self._ended:
-            ends = np.cumsum([len(m) for m in body]).tolist()
-            data = b"".join(body)
-            spliced = splice_tuples(data, ends, self.width)
-            rows.extend(self.feed(data) if spliced is None else spliced)
-        elif body:
-            rows.extend(self.feed(b"".join(body)))
-        if trailer:
-            rows.extend(self.feed(messages[last - 1]))
+        start = index = 0
+        while index < len(ends) and (not self._header_read or self._pending):
+            rows.extend(self.feed(data[start : ends[index]]))
+            start = ends[index]
+            index += 1
+        body_ends = np.asarray(ends[index:], dtype=np.int64) - start
+        trailer_start = None
+        if len(body_ends):
+            last_start = start + (int(body_ends[-2]) if len(body_ends) > 1 else 0)
+            if data[last_start : start + int(body_ends[-1])] == _TRAILER:
+                trailer_start = last_start
+                body_ends = body_ends[:-1]
+        if len(body_ends):
+            body = data[start : start + int(body_ends[-1])]
+            spliced = None if self._ended else splice_tuples(body, body_ends, self.width)
+            rows.extend(self.feed(body) if spliced is None else spliced)
+        if trailer_start is not None:
+            rows.extend(self.feed(data[trailer_start : trailer_start + 2]))
         return rows
 
     def _header(self, data: bytes) -> int:
