@@ -327,8 +327,11 @@ FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
 WHERE t.oid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
 GROUP BY t.oid
 """
-# cash_numeric scales by lc_monetary's fraction digits: the unit binary money counts in.
-_MONEY_FRACTION_DIGITS = "SELECT scale(0::money::numeric)"
+# Binary money is a count of lc_monetary's smallest unit, which the registry scales by its
+# money_fraction_digits and prints (inside composites) as cash_out does under lc_monetary C:
+# only a database whose money prints that way gets the values its text copy would give.
+_MONEY_TEXT = "SELECT (-1234.56)::money::text"
+_C_MONEY_TEXT = "-$1,234.56"
 
 
 def with_copy_formats(
@@ -354,14 +357,15 @@ def with_copy_formats(
             if composites
             else {}
         )
-        digits = conn.execute(_MONEY_FRACTION_DIGITS).fetchone()
+        money_text = conn.execute(_MONEY_TEXT).fetchone()
     # The text a composite, range or multirange decodes to is printed by pgcdc as the server
     # prints it under pgcdc's session settings; under others the text path's would differ.
     settings = {k.lower(): v for k, v in (session_settings or {}).items()}
     default_printing = session_settings is not None and all(
         settings.get(k.lower()) == v for k, v in DEFAULT_SESSION_SETTINGS.items()
     )
-    money = digits is not None and digits[0] == registry.money_fraction_digits
+    money = money_text is not None and money_text[0] == _C_MONEY_TEXT
+    money = money and registry.money_fraction_digits == 2
     chosen = []
     for spec in specs:
         binary = binary_decodable(

@@ -256,7 +256,7 @@ def binary_decodable(
     OIDs) decodable. Composites, ranges and multiranges are decoded to their output function's
     text, which matches the server's only under pgcdc's session settings: ``prints_as_text``
     False rules them out. ``money`` False rules out money, whose binary form is a count of
-    units the registry would scale by the wrong number of fraction digits.
+    units the registry scales and prints as under lc_monetary C.
     """
     seen: set[int] = set()
 
