@@ -374,7 +374,9 @@ def test_binary_numerics_into_decimals_equal_the_per_value_path(
         st.sampled_from(["NaN", "Infinity", "-Infinity", "0", "-0"]),
     )
     texts = data.draw(st.lists(st.one_of(specials, forms), min_size=8, max_size=30))
-    rows = [(t if t is None or t is UNCHANGED_TOAST else numeric_send(t),) for t in texts]
+    rows: list[tuple[RawValue, ...]] = [
+        (t if t is None or t is UNCHANGED_TOAST else numeric_send(t),) for t in texts
+    ]
     type_modifier = ((precision << 16) | scale) + 4
     kernels: list[object] = []
     original = columnar._binary_decimal
@@ -399,6 +401,6 @@ def test_binary_numerics_into_decimals_equal_the_per_value_path(
     ],
 )
 def test_binary_numerics_a_decimal_column_cannot_hold_go_per_value(text: str) -> None:
-    rows = [(numeric_send(text),), (numeric_send("1.5"),)] * 8
+    rows: list[tuple[RawValue, ...]] = [(numeric_send(text),), (numeric_send("1.5"),)] * 8
     fast, slow = columnar_and_per_value(one_column(1700, NUMERIC_10_2), rows)
     assert fast == slow
