@@ -2,9 +2,11 @@
 
 One table of ``--rows`` rows is copied by ``pgcdc.snapshot.take_snapshot`` with 1, 2 and 4
 workers (a new slot each time), once into a sink that only consumes the events (copy + parse)
-and once into a change log on local disk. Baselines: ``psql -c "\\copy t to /dev/null"`` and
-``COPY t TO STDOUT`` drained by psycopg without parsing. The machine's cores bound what more
-workers can give: parsing runs under the GIL, the server's COPY in separate processes.
+and once into a change log on local disk, with each ``--copy-format`` asked for (``both``: the
+text copy, then the default one, which is binary for this table's types). Baselines: ``psql -c
+"\\copy t to /dev/null"``, and ``COPY t TO STDOUT`` (text, and binary format) drained by psycopg
+without parsing. The machine's cores bound what more workers can give: parsing runs under the
+GIL, the server's COPY in separate processes.
 
 With ``--delta`` the snapshot is landed in Delta instead, as users run it: ``pgcdc pipeline run
 --once`` on a new slot, into the mirror only and into all three kinds, with 1 and 2 Spark task
@@ -13,6 +15,7 @@ drained by one psycopg client. The same command on a one-row table is timed firs
 cost (Spark's start, the slot, the query's set-up) is printed and taken off each run.
 
     python3 bench/snapshot.py [--rows 1000000] [--version 18] [--chunk-pages 1024] [--delta]
+                              [--copy-format auto|text|both] [--workers 1,2,4]
 """
 
 from __future__ import annotations
@@ -85,7 +88,9 @@ def copy_seconds(conninfo: str, options: str = "") -> float:
     return time.perf_counter() - start
 
 
-def pipeline_seconds(conninfo: str, publication: str, master: str, kinds: str, tmp: str) -> float:
+def pipeline_seconds(
+    conninfo: str, publication: str, master: str, kinds: str, tmp: str, *, copy_format: str = "auto"
+) -> float:
     """``pgcdc pipeline run --once`` of a new slot (the snapshot of ``publication``), timed."""
     config = Path(tmp) / "pipeline.toml"
     config.write_text(
@@ -94,6 +99,7 @@ def pipeline_seconds(conninfo: str, publication: str, master: str, kinds: str, t
 conninfo = "{conninfo}"
 slot = "{Path(tmp).name.replace("-", "_")}"
 publications = ["{publication}"]
+snapshot_copy_format = "{copy_format}"
 
 [paths]
 changelog = "{tmp}/log"
@@ -121,7 +127,9 @@ def fixed_cost(conninfo: str, master: str, kinds: str) -> float:
         return pipeline_seconds(conninfo, "tiny_pub", master, kinds, tmp)
 
 
-def delta_runs(conninfo: str, rows: int, heap_bytes: int) -> None:
+def delta_runs(
+    conninfo: str, rows: int, heap_bytes: int, copy_formats: tuple[str, ...], masters: list[str]
+) -> None:
     """The snapshot landed in Delta against a binary COPY drained by one client."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("CREATE TABLE tiny (id int PRIMARY KEY)")
@@ -132,27 +140,34 @@ def delta_runs(conninfo: str, rows: int, heap_bytes: int) -> None:
     print_figure("baseline: COPY orders TO STDOUT (FORMAT binary), one client", copy_rate, "rows/s")
     all_kinds = '["changelog", "mirror", "history"]'
     rates: dict[tuple[str, str], float] = {}
-    for master in ("local[1]", "local[2]"):
+    for master in masters:
         fixed = min(fixed_cost(conninfo, master, all_kinds) for _ in range(2))  # the quieter
         print(f"  fixed cost of a run ({master}, one-row table): {fixed:.1f} s", flush=True)
-        for kinds in (MIRROR_ONLY, all_kinds):
+        for kinds, copy_format in [(k, f) for k in (MIRROR_ONLY, all_kinds) for f in copy_formats]:
             with tempfile.TemporaryDirectory(prefix="pgcdc-bench-delta-") as tmp:
-                seconds = pipeline_seconds(conninfo, "orders_pub", master, kinds, tmp)
-            name = f"{master}, {'mirror' if kinds == MIRROR_ONLY else 'all three kinds'}"
+                seconds = pipeline_seconds(
+                    conninfo, "orders_pub", master, kinds, tmp, copy_format=copy_format
+                )
+            name = (
+                f"{master}, {'mirror' if kinds == MIRROR_ONLY else 'all three kinds'}, "
+                f"copy {copy_format}"
+            )
             print_figure(f"snapshot into Delta, {name}, whole run", rows / seconds, "rows/s",
                          copy_rate)  # fmt: skip
             landing = seconds - fixed
             if landing < 0.25 * seconds:
                 print("    without the fixed cost: not measurable (the run is mostly fixed cost)")
                 continue
-            rate = rates[(master, kinds)] = rows / landing
+            rate = rates[(master, kinds + copy_format)] = rows / landing
             print_figure(f"snapshot into Delta, {name}, without the fixed cost", rate, "rows/s",
                          copy_rate)  # fmt: skip
             print(f"    {heap_bytes / landing / 2**20:.1f} MB/s of heap; {seconds:.1f} s in all")
     for kinds in (MIRROR_ONLY, all_kinds):
-        if ("local[1]", kinds) in rates and ("local[2]", kinds) in rates:
-            ratio = rates[("local[2]", kinds)] / rates[("local[1]", kinds)]
-            print(f"  2 task slots / 1, {kinds}: {ratio:.2f}x", flush=True)
+        for copy_format in copy_formats:
+            key = kinds + copy_format
+            if ("local[1]", key) in rates and ("local[2]", key) in rates:
+                ratio = rates[("local[2]", key)] / rates[("local[1]", key)]
+                print(f"  2 task slots / 1, {kinds}, copy {copy_format}: {ratio:.2f}x", flush=True)
 
 
 def main() -> None:
@@ -161,7 +176,19 @@ def main() -> None:
     parser.add_argument("--version", default="18", choices=["15", "18"])
     parser.add_argument("--chunk-pages", type=int, default=1024)
     parser.add_argument("--delta", action="store_true", help="land the snapshot in Delta")
+    parser.add_argument(
+        "--copy-format", choices=["auto", "text", "both"], default="both",
+        help="the snapshot's copy_format; both (default): text, then auto",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", default="1,2,4", help="worker counts to run, comma-separated (default 1,2,4)"
+    )
+    parser.add_argument(
+        "--masters", default="local[1],local[2]", help="with --delta: Spark masters, ';'-separated"
+    )
     args = parser.parse_args()
+    copy_formats = ("text", "auto") if args.copy_format == "both" else (args.copy_format,)
+    worker_counts = [int(w) for w in args.workers.split(",")]
 
     cluster = start_cluster(args.version)
     conninfo = cluster.conninfo()
@@ -175,7 +202,8 @@ def main() -> None:
         print(f"{args.rows:,} rows, {pages[0] if pages else '?'} pages, PostgreSQL "
               f"{args.version}, {os.cpu_count()} cores", flush=True)  # fmt: skip
         if args.delta:
-            delta_runs(conninfo, args.rows, (pages[0] if pages else 0) * 8192)
+            heap_bytes = (pages[0] if pages else 0) * 8192
+            delta_runs(conninfo, args.rows, heap_bytes, copy_formats, args.masters.split(";"))
             return
 
         psql = cluster.installation.binary("psql")
@@ -186,31 +214,38 @@ def main() -> None:
             baselines.append(psql_rate)
         drain_rate = args.rows / copy_seconds(conninfo)
         print_figure("baseline: COPY TO STDOUT drained by psycopg", drain_rate, "rows/s")
+        binary_rate = args.rows / copy_seconds(conninfo, "(FORMAT binary)")
+        print_figure("baseline: COPY TO STDOUT (FORMAT binary) drained", binary_rate, "rows/s")
         baseline = drain_rate
 
-        run = 0
-        for workers in (1, 2, 4):
-            for target in ("events only", "change log"):
-                run += 1
-                with tempfile.TemporaryDirectory(prefix="pgcdc-bench-snapshot-") as tmp:
-                    start = time.perf_counter()
-                    if target == "change log":
-                        with ChangeLog(tmp).writer() as log:
-                            result = take_snapshot(conninfo, slot=f"s{run}", sink=log,
-                                                   publications=["pub"], workers=workers,
-                                                   chunk_pages=args.chunk_pages)  # fmt: skip
-                    else:
-                        result = take_snapshot(conninfo, slot=f"s{run}", sink=CountingSink(),
+        runs = [
+            (w, t, f)
+            for w in worker_counts
+            for t in ("events only", "change log")
+            for f in copy_formats
+        ]
+        for run, (workers, target, copy_format) in enumerate(runs, 1):
+            with tempfile.TemporaryDirectory(prefix="pgcdc-bench-snapshot-") as tmp:
+                start = time.perf_counter()
+                if target == "change log":
+                    with ChangeLog(tmp).writer() as log:
+                        result = take_snapshot(conninfo, slot=f"s{run}", sink=log,
                                                publications=["pub"], workers=workers,
-                                               chunk_pages=args.chunk_pages)  # fmt: skip
-                    seconds = time.perf_counter() - start
-                assert result.rows == args.rows, result
-                print_figure(
-                    f"snapshot, {workers} worker(s), {target}", args.rows / seconds, "rows/s",
-                    baseline,
-                )  # fmt: skip
-                with psycopg.connect(conninfo, autocommit=True) as conn:
-                    conn.execute("SELECT pg_drop_replication_slot(%s)", (f"s{run}",))
+                                               chunk_pages=args.chunk_pages,
+                                               copy_format=copy_format)  # fmt: skip
+                else:
+                    result = take_snapshot(conninfo, slot=f"s{run}", sink=CountingSink(),
+                                           publications=["pub"], workers=workers,
+                                           chunk_pages=args.chunk_pages,
+                                           copy_format=copy_format)  # fmt: skip
+                seconds = time.perf_counter() - start
+            assert result.rows == args.rows, result
+            print_figure(
+                f"snapshot, {workers} worker(s), {target}, copy {copy_format}",
+                args.rows / seconds, "rows/s", baseline,
+            )  # fmt: skip
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (f"s{run}",))
     finally:
         cluster.destroy()
 

@@ -5,8 +5,12 @@ the transactions the slot will *not* decode. Worker connections import it (``SET
 SNAPSHOT``) and copy the tables in parallel, large tables split into ctid ranges (TID range
 scans, PostgreSQL 14+) so one big table keeps every worker busy. The rows go, through a bounded
 queue, into one synthetic committed transaction in the sink: a ``Relation`` per table (the same
-``Table`` pgoutput will send) and then ``Insert`` events, with values in the form pgoutput's
-text mode sends them (the type's output function under the receiver's session settings).
+``Table`` pgoutput will send) and then ``Insert`` events. A table whose column types all have
+binary decoders is copied in binary format, its rows kept as pgoutput's binary mode sends them
+(``EncodedRow``s of send-function bytes, ``pgcdc.decoding.copybinary``), which spares the server
+the output functions and pgcdc the parsing; any other table (extension types) is copied in text
+format, its values as pgoutput's text mode sends them (the output function under the receiver's
+session settings). Readers type both forms to the same values.
 Streaming the slot afterwards continues with the first transaction the snapshot does not
 contain: no gap, no overlap.
 
@@ -30,12 +34,13 @@ state at C, then (streamed afterwards from the slot) every change from C on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -45,6 +50,9 @@ from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
+from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
+from pgcdc.decoding.pgtypes import TypeInfo
+from pgcdc.decoding.values import TypeRegistry
 from pgcdc.errors import (
     DecodeError,
     InvalidOption,
@@ -53,29 +61,48 @@ from pgcdc.errors import (
     SlotAlreadyExists,
     SnapshotError,
 )
-from pgcdc.events import Column, Event, Insert, Relation, ReplicaIdentity, Row, Table, Truncate
+from pgcdc.events import (
+    Column,
+    EncodedRow,
+    Event,
+    Insert,
+    Relation,
+    ReplicaIdentity,
+    Row,
+    Table,
+    Truncate,
+    field_setters,
+)
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options
 from pgcdc.transactions import CommittedTransaction, TransactionSink
 
 __all__ = [
+    "COPY_FORMATS",
     "DEFAULT_CHUNK_PAGES",
     "Chunk",
     "SnapshotResult",
     "SnapshotTable",
     "copy_query",
+    "inserts",
     "parse_copy_text_row",
     "plan_chunks",
     "recopy_tables",
     "snapshot_tables",
     "take_snapshot",
+    "with_copy_formats",
 ]
 
 DEFAULT_CHUNK_PAGES = 4096  # 32 MB of heap per COPY with 8 kB pages
 BATCH_ROWS = 1000  # rows per queue item: amortises queue locking, bounds memory with the queue
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES_PER_WORKER = 2
+_log = logging.getLogger(__name__)
 APPLICATION_NAME = "pgcdc snapshot"
+# "auto": binary format for every table whose column types all have binary decoders, text for
+# the others; "text": text format for every table (as before binary COPY; a way around a
+# binary decoder one would rather not trust).
+COPY_FORMATS = ("auto", "text")
 
 
 # --- catalog: tables as pgoutput describes them ----------------------------------------------
@@ -89,6 +116,7 @@ class SnapshotTable:
     relkind: str  # "r" plain (split by ctid), "p" partitioned root (copied whole)
     pages: int  # heap pages when the snapshot began
     row_filter: str | None = None  # the publications' row filter (OR of them), as SQL
+    binary: bool = False  # copied in COPY's binary format
 
     @property
     def splittable(self) -> bool:
@@ -285,9 +313,75 @@ def copy_query(chunk: Chunk) -> sql.Composed:
     if chunk.table.row_filter is not None:
         conditions.append(sql.SQL("(" + chunk.table.row_filter + ")"))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
-        columns, sql.Identifier(table.namespace, table.name), where
+    binary = sql.SQL(" (FORMAT binary)" if chunk.table.binary else "")
+    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT{}").format(
+        columns, sql.Identifier(table.namespace, table.name), where, binary
     )
+
+
+# --- COPY format per table ------------------------------------------------------------------
+
+_COMPOSITE_FIELDS = """
+SELECT t.oid::bigint, array_agg(a.atttypid::bigint ORDER BY a.attnum)
+FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+WHERE t.oid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY t.oid
+"""
+# Binary money is a count of lc_monetary's smallest unit, which the registry scales by its
+# money_fraction_digits and prints (inside composites) as cash_out does under lc_monetary C:
+# only a database whose money prints that way gets the values its text copy would give.
+_MONEY_TEXT = "SELECT (-1234.56)::money::text"
+_C_MONEY_TEXT = "-$1,234.56"
+
+
+def with_copy_formats(
+    conn: psycopg.Connection[Any],
+    specs: Sequence[SnapshotTable],
+    types: Mapping[int, TypeInfo],
+    copy_format: str,
+    session_settings: Mapping[str, str] | None,
+) -> list[SnapshotTable]:
+    """``specs`` marked for binary COPY where every column type decodes from binary to what
+    its text decodes to (``copybinary.binary_decodable``); the rest stay text.
+
+    Run it in the planner's session: lc_monetary there is what the copies' money is in.
+    """
+    _check_copy_format(copy_format)
+    if copy_format == "text" or not specs:
+        return list(specs)
+    registry = TypeRegistry(types)
+    composites = [oid for oid, info in types.items() if info.kind == "c"]
+    with translated():
+        fields = (
+            {int(oid): list(oids) for oid, oids in conn.execute(_COMPOSITE_FIELDS, (composites,))}
+            if composites
+            else {}
+        )
+        money_text = conn.execute(_MONEY_TEXT).fetchone()
+    # The text a composite, range or multirange decodes to is printed by pgcdc as the server
+    # prints it under pgcdc's session settings; under others the text path's would differ.
+    settings = {k.lower(): v for k, v in (session_settings or {}).items()}
+    default_printing = session_settings is not None and all(
+        settings.get(k.lower()) == v for k, v in DEFAULT_SESSION_SETTINGS.items()
+    )
+    money = money_text is not None and money_text[0] == _C_MONEY_TEXT
+    money = money and registry.money_fraction_digits == 2
+    chosen = []
+    for spec in specs:
+        binary = binary_decodable(
+            registry,
+            (c.type_oid for c in spec.table.columns),
+            fields,
+            prints_as_text=default_printing,
+            money=money,
+        )
+        if not binary:
+            _log.info(
+                "copying %s in text format: a column type has no binary decoder",
+                spec.table.qualified_name,
+            )
+        chosen.append(replace(spec, binary=binary))
+    return chosen
 
 
 # --- COPY text format ------------------------------------------------------------------------
@@ -330,6 +424,33 @@ def parse_copy_text_row(line: bytes | bytearray | memoryview, width: int) -> Row
     )
 
 
+# --- COPY binary format ----------------------------------------------------------------------
+
+_new_object = object.__new__
+_set_row_data = EncodedRow.__dict__["_data"].__set__
+_set_row_values = EncodedRow.__dict__["_values"].__set__
+_INSERT_SETTERS = field_setters(Insert)
+
+
+def inserts(lsn: LSN, table: Table, rows: Sequence[bytes]) -> list[Event]:
+    """An ``Insert`` of each TupleData row, as an ``EncodedRow``, built through slot setters:
+    the constructors would cost more than splicing the row did."""
+    set_lsn, set_table, set_new, set_xid = _INSERT_SETTERS
+    events: list[Event] = []
+    append = events.append
+    for data in rows:
+        row = _new_object(EncodedRow)
+        _set_row_data(row, data)
+        _set_row_values(row, None)
+        event = _new_object(Insert)
+        set_lsn(event, lsn)
+        set_table(event, table)
+        set_new(event, row)
+        set_xid(event, None)
+        append(event)
+    return events
+
+
 # --- taking the snapshot ---------------------------------------------------------------------
 
 
@@ -338,7 +459,7 @@ class SnapshotResult:
     consistent_point: LSN  # the slot streams the transactions committed from here on
     tables: tuple[Table, ...]
     rows: int
-    bytes: int  # COPY text bytes read
+    bytes: int  # COPY bytes read (text or binary format)
     snapshot_name: str = ""
 
 
@@ -412,15 +533,34 @@ class _Copier:
             batch: list[Event] = []
             size = rows = total = 0
             with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
-                for line in copy:
-                    batch.append(Insert(lsn, table, parse_copy_text_row(line, width)))
-                    size += len(line)
-                    if len(batch) >= BATCH_ROWS or size >= BATCH_BYTES:
-                        if not self._put(batch):
-                            return
-                        rows += len(batch)
-                        total += size
-                        batch, size = [], 0
+                if chunk.table.binary:
+                    reader = CopyBinaryReader(width)
+                    # The messages in one buffer, and where each ends (one tuple each).
+                    received = bytearray()
+                    ends: list[int] = []
+                    for data in copy:
+                        received += data
+                        ends.append(len(received))
+                        if len(ends) >= BATCH_ROWS or len(received) >= BATCH_BYTES:
+                            batch = inserts(lsn, table, reader.read_joined(bytes(received), ends))
+                            if not self._put(batch):
+                                return
+                            rows += len(batch)
+                            total += len(received)
+                            batch, received, ends = [], bytearray(), []
+                    batch = inserts(lsn, table, reader.read_joined(bytes(received), ends))
+                    size = len(received)
+                    reader.finish()
+                else:
+                    for line in copy:
+                        batch.append(Insert(lsn, table, parse_copy_text_row(line, width)))
+                        size += len(line)
+                        if len(batch) >= BATCH_ROWS or size >= BATCH_BYTES:
+                            if not self._put(batch):
+                                return
+                            rows += len(batch)
+                            total += size
+                            batch, size = [], 0
             if batch and not self._put(batch):
                 return
             with self.count_lock:
@@ -481,6 +621,12 @@ def open_worker(
     return conn
 
 
+def _check_copy_format(copy_format: str) -> None:
+    """Refuse an unknown format before a slot is created for nothing."""
+    if copy_format not in COPY_FORMATS:
+        raise InvalidOption(f"copy_format {copy_format!r}: use one of {', '.join(COPY_FORMATS)}")
+
+
 def _drop_slot(conn: ReplicationConnection, slot: str) -> str:
     """Drop the slot this snapshot created, so a retry can create it again; says which."""
     try:
@@ -507,6 +653,7 @@ def take_snapshot(
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
     failover: bool = False,
+    copy_format: str = "auto",
 ) -> SnapshotResult:
     """Create ``slot`` and store every row it will not stream as one transaction in ``sink``.
 
@@ -550,6 +697,7 @@ def take_snapshot(
                 workers=workers,
                 chunk_pages=chunk_pages,
                 session_settings=session_settings,
+                copy_format=copy_format,
             )
         except BaseException as error:
             error.add_note(_drop_slot(exporter, slot))
@@ -569,6 +717,7 @@ def _copy(
     workers: int,
     chunk_pages: int,
     session_settings: Mapping[str, str] | None,
+    copy_format: str = "auto",
     truncate: bool = False,
 ) -> SnapshotResult:
     """Copy the tables under the exported snapshot into one synthetic transaction in
@@ -596,6 +745,7 @@ def _copy(
         # The non-built-in column types, as the receiver logs them from pgoutput's Type
         # messages, so that the snapshot's rows are typed as the stream's are.
         types = type_closure(planner, {c.type_oid for s in specs for c in s.table.columns})
+        specs = with_copy_formats(planner, specs, types, copy_format, session_settings)
         planner.rollback()
     chunks = plan_chunks(specs, chunk_pages)
     lsn = LSN(consistent_point)
@@ -653,6 +803,7 @@ def recopy_tables(
     workers: int = 4,
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
+    copy_format: str = "auto",
 ) -> SnapshotResult | None:
     """Replace ``tables`` in ``sink`` by their rows at a new consistent point C.
 
@@ -664,6 +815,7 @@ def recopy_tables(
     """
     if isinstance(tables, str) or isinstance(publications, str):
         raise InvalidOption("tables and publications are sequences of names, not one string")
+    _check_copy_format(copy_format)
     exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
     try:
         created = exporter.create_replication_slot(
@@ -683,6 +835,7 @@ def recopy_tables(
             workers=workers,
             chunk_pages=chunk_pages,
             session_settings=session_settings,
+            copy_format=copy_format,
             truncate=True,
         )
     finally:

@@ -3,10 +3,13 @@ the closest valid one), and --no-create-slot for a slot that does not exist."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from pgcdc import pipeline
+from pgcdc.errors import InvalidOption
 from tests.cli.helpers import assert_one_line_error, pgcdc
 from tests.conftest import Database
 
@@ -61,3 +64,21 @@ def test_unknown_or_misplaced_keys_name_the_closest_valid_one(
     line = assert_one_line_error(result, *needles)
     assert str(config) in line or "positive" in line
     assert _slots(db) == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[source]\nsnapshot_copy_format = "binary"\n', "snapshot_copy_format = 'binary'"),
+        ("[source]\nsnapshot_copy_format = 1\n", "wrong type"),
+        ('[source]\nsnapshot_format = "text"\n', "did you mean 'snapshot_copy_format'"),
+    ],
+)
+def test_snapshot_copy_format_is_auto_or_text(tmp_path: Path, toml: str, needle: str) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text('[source]\nconninfo = "dbname=x"\n' + toml.removeprefix("[source]\n"))
+    with pytest.raises(InvalidOption, match=re.escape(needle)):
+        pipeline.load(config, {})
+    config.write_text('[source]\nconninfo = "dbname=x"\nsnapshot_copy_format = "text"\n')
+    assert pipeline.load(config, {}).snapshot_copy_format == "text"
+    assert pipeline.load(None, {"conninfo": "dbname=x"}).snapshot_copy_format == "auto"

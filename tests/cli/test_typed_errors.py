@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.values import row_to_python
 from pgcdc.events import Insert
 from pgcdc.localpg import free_port
 from pgcdc.lsn import LSN
@@ -145,8 +146,9 @@ def test_a_full_disk_is_one_line_and_loses_nothing(
 
 
 def _logged_ids(log: Path) -> list[int]:
+    """The ids the log inserted, typed (a snapshot's binary copy logs bytes)."""
     return [
-        int(str(event.new[0]))
+        int(row_to_python(event.table, event.new)[0])
         for txn in ChangeLog(log).read_transactions()
         for event in txn.events
         if isinstance(event, Insert)

@@ -10,6 +10,7 @@ import struct
 import uuid
 from collections.abc import Sequence
 from datetime import date
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -331,4 +332,75 @@ def test_mutated_tuple_data_raises_only_decode_errors(data: st.DataObject) -> No
         )
     except DecodeError as exc:
         slow = ("DecodeError", str(exc))
+    assert fast == slow
+
+
+# --- binary numeric into decimal128 ----------------------------------------------------------
+
+
+def numeric_send(text: str) -> bytes:
+    """numeric_send's form of ``text``: base-10000 digits from the weight down, dscale kept."""
+    special = {"NaN": 0xC000, "Infinity": 0xD000, "-Infinity": 0xF000}
+    if text in special:
+        return struct.pack(">hhHh", 0, 0, special[text], 0)
+    value = Decimal(text)
+    dscale = max(0, -int(value.as_tuple().exponent))
+    whole, _, fraction = format(abs(value), "f").partition(".")
+    whole = whole.lstrip("0")
+    whole = whole.rjust(-(-len(whole) // 4) * 4, "0")
+    fraction = fraction.ljust(-(-len(fraction) // 4) * 4, "0")
+    digits = [int((whole + fraction)[i : i + 4]) for i in range(0, len(whole + fraction), 4)]
+    weight = len(whole) // 4 - 1
+    while digits and digits[0] == 0:
+        digits.pop(0)
+        weight -= 1
+    while digits and digits[-1] == 0:
+        digits.pop()
+    sign = 0x4000 if value < 0 else 0
+    return struct.pack(f">hhHh{len(digits)}H", len(digits), weight if digits else 0, sign,
+                       dscale, *digits)  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "scale"), [(10, 2), (18, 4), (5, 0), (3, 3), (18, 0)])
+@settings(max_examples=examples(40), deadline=None)
+@given(data=st.data())
+def test_binary_numerics_into_decimals_equal_the_per_value_path(
+    precision: int, scale: int, data: st.DataObject
+) -> None:
+    bound = Decimal(10) ** (precision - scale) - Decimal(10) ** -scale
+    values = st.decimals(min_value=-bound, max_value=bound, places=scale, allow_nan=False)
+    forms = st.one_of(
+        values.map(lambda d: format(d, "f")),
+        st.sampled_from(["NaN", "Infinity", "-Infinity", "0", "-0"]),
+    )
+    texts = data.draw(st.lists(st.one_of(specials, forms), min_size=8, max_size=30))
+    rows: list[tuple[RawValue, ...]] = [
+        (t if t is None or t is UNCHANGED_TOAST else numeric_send(t),) for t in texts
+    ]
+    type_modifier = ((precision << 16) | scale) + 4
+    kernels: list[object] = []
+    original = columnar._binary_decimal
+
+    def recording(*args: Any) -> Any:
+        kernels.append(result := original(*args))
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(columnar, "_binary_decimal", recording)
+        fast, slow = columnar_and_per_value(one_column(1700, type_modifier), rows)
+    assert fast == slow
+    if any(isinstance(r[0], bytes) for r in rows):
+        assert kernels and kernels[0] is not None  # the kernel built the column
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0.005",  # a digit below the column's scale: not this column's value, per value
+        "123456789012.00",  # more digits than the precision
+    ],
+)
+def test_binary_numerics_a_decimal_column_cannot_hold_go_per_value(text: str) -> None:
+    rows: list[tuple[RawValue, ...]] = [(numeric_send(text),), (numeric_send("1.5"),)] * 8
+    fast, slow = columnar_and_per_value(one_column(1700, NUMERIC_10_2), rows)
     assert fast == slow

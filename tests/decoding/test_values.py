@@ -418,3 +418,24 @@ def test_bytes_like_input_is_accepted() -> None:
     table = Table("public", "b", (Column("id", INT4), Column("name", TEXT)))
     row = (memoryview(struct.pack(">i", 3)), bytearray(b"x"))
     assert row_to_python(table, row) == (3, "x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("interval", "server_text"),
+    [  # interval_out's text under IntervalStyle=postgres (PostgreSQL 15)
+        (Interval(0, -1, 7_200_000_000), "-1 days +02:00:00"),
+        (Interval(-1, -1, 0), "-1 mons -1 days"),
+        (Interval(-1, 2, 10_800_000_000), "-1 mons +2 days 03:00:00"),
+        (Interval(-1, 2, -10_800_000_000), "-1 mons +2 days -03:00:00"),
+        (Interval(1, -1, 1), "1 mon -1 days +00:00:00.000001"),
+        (Interval(-24, -1, 0), "-2 years -1 days"),
+        (Interval(-13, -1, -1_000_000), "-1 years -1 mons -1 days -00:00:01"),
+        (Interval(13, 1, 1), "1 year 1 mon 1 day 00:00:00.000001"),
+        (Interval(0, 1, -7_200_000_000), "1 day -02:00:00"),
+    ],
+)
+def test_interval_text_is_what_the_server_prints(interval: Interval, server_text: str) -> None:
+    """A composite's or range's binary interval is printed by pgcdc: it must be the server's
+    text, or a binary-mode row would differ from the text-mode one."""
+    assert str(interval) == server_text
+    assert TypeRegistry().codec(1186).text(server_text) == interval

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.values import pg_text, row_to_python
 from pgcdc.errors import PublicationNotFound, SlotNotFound, SlotReplaced
-from pgcdc.events import Delete, Insert, Update
+from pgcdc.events import Delete, Insert, Table, Update
 from pgcdc.localpg import LocalCluster, wait_until
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
@@ -123,6 +124,12 @@ class Workload:
             conn.execute("DELETE FROM items WHERE id = %s", (first - 53,))
 
 
+def _texts(table: Table, row: Sequence[Any]) -> Row:
+    """A row's values in PostgreSQL's text form, typed first: the snapshot's binary copy logs
+    bytes where the stream logs text."""
+    return tuple(None if v is None else pg_text(v) for v in row_to_python(table, row))
+
+
 def _replayed(
     log: Path | str, storage: StorageOptions | None = None
 ) -> tuple[dict[str, Row], list[tuple[str, Row]], list[int | None]]:
@@ -134,11 +141,11 @@ def _replayed(
         xids.append(txn.xid)
         for event in txn.events:
             if isinstance(event, Insert | Update):
-                row = tuple(event.new)
+                row = _texts(event.table, event.new)
                 rows[str(row[0])] = row
                 changes.append((type(event).__name__, row))
             elif isinstance(event, Delete):
-                row = tuple(event.old)
+                row = _texts(event.table, event.old)
                 del rows[str(row[0])]
                 changes.append(("Delete", row))
     return rows, changes, xids

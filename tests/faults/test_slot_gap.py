@@ -19,7 +19,9 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.values import row_to_python
 from pgcdc.errors import ChangeLogError, SlotInvalidated, SlotNotFound, SlotReplaced
+from pgcdc.events import Insert, Update
 from pgcdc.localpg import LocalCluster, wait_until
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.origin import STATE_NAME, load_origin
@@ -68,13 +70,14 @@ def _source_rows(conninfo: str) -> dict[str, Row]:
 
 
 def _logged(root: Path) -> dict[str, Row]:
-    """The change log replayed into rows by key (the snapshot and the inserts)."""
+    """The change log replayed into rows by key (the snapshot and the inserts), as text (the
+    snapshot's binary copy logs bytes, the stream text)."""
     rows: dict[str, Row] = {}
     for txn in ChangeLog(root / "log").read_transactions():
         for event in txn.events:
-            new = getattr(event, "new", None)
-            if new is not None:
-                rows[new[0]] = tuple(new)
+            if isinstance(event, Insert | Update):
+                key, value = row_to_python(event.table, event.new)
+                rows[str(key)] = (str(key), value)
     return rows
 
 

@@ -23,13 +23,14 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.values import pg_text, row_to_python
 from pgcdc.errors import (
     InvalidOption,
     ServerIsStandby,
     SlotInvalidated,
     UnsupportedFeature,
 )
-from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Truncate, Update
+from pgcdc.events import UNCHANGED_TOAST, Delete, Insert, Row, Table, Truncate, Update
 from pgcdc.localpg import (
     Installation,
     LocalCluster,
@@ -180,10 +181,15 @@ def _replayed_through(standby: LocalCluster, lsn: LSN) -> bool:
     return LSN.parse(replayed) >= lsn
 
 
-def _text(value: Any) -> Any:
-    if value is UNCHANGED_TOAST:
-        return "<unchanged toast>"
-    return bytes(value).decode() if isinstance(value, bytes | bytearray | memoryview) else value
+def _texts(table: Table, row: Row | None) -> tuple[Any, ...]:
+    """A row's values in PostgreSQL's text form, typed first: the snapshot's binary copy logs
+    bytes where the stream logs text."""
+    if row is None:
+        return ()
+    return tuple(
+        "<unchanged toast>" if v is UNCHANGED_TOAST else None if v is None else pg_text(v)
+        for v in row_to_python(table, row)
+    )
 
 
 def _logged(log: Path) -> Logged:
@@ -194,9 +200,9 @@ def _logged(log: Path) -> Logged:
         for event in txn.events:
             if isinstance(event, Insert | Update | Delete):
                 table = f"{event.table.namespace}.{event.table.name}"
-                new = tuple(map(_text, event.new)) if not isinstance(event, Delete) else ()
-                old = getattr(event, "old", None)
-                changes.append((type(event).__name__, table, new, tuple(map(_text, old or ()))))
+                new = _texts(event.table, event.new) if not isinstance(event, Delete) else ()
+                old = _texts(event.table, getattr(event, "old", None))
+                changes.append((type(event).__name__, table, new, old))
             elif isinstance(event, Truncate):
                 names = ",".join(f"{t.namespace}.{t.name}" for t in event.tables)
                 changes.append(("Truncate", names, (), ()))

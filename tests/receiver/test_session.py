@@ -123,7 +123,8 @@ def test_database_defaults_do_not_alter_values(
     # A user's own options are kept (application_name is not ours) and ours still win.
     conninfo = db.conninfo(options="-c extra_float_digits=-2 -c application_name=mine")
     with ChangeLog(tmp_path).writer() as sink:
-        take_snapshot(conninfo, slot="s", sink=sink, publications=("pub",))
+        # The text copy: binary values owe nothing to these settings.
+        take_snapshot(conninfo, slot="s", sink=sink, publications=("pub",), copy_format="text")
         db.execute(f"INSERT INTO vals VALUES ({_ROW % 2})")
         with db.connect() as conn:
             end = current_lsn(conn)

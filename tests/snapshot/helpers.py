@@ -73,19 +73,28 @@ def key_of(table: Table, row: Row) -> tuple[Any, ...]:
     return tuple(row[i] for i in keys)
 
 
-def replay(root: Path) -> tuple[dict[str, dict[Any, Row]], dict[str, Counter[Row]]]:
-    """Apply every logged change: keyed tables by key, keyless ones as multisets of rows."""
-    keyed: dict[str, dict[Any, Row]] = {}
-    bags: dict[str, Counter[Row]] = {}
+def replay(
+    root: Path,
+) -> tuple[dict[str, dict[Any, tuple[Any, ...]]], dict[str, Counter[tuple[Any, ...]]]]:
+    """Apply every logged change: keyed tables by key, keyless ones as multisets of rows.
+
+    Rows are typed (``row_to_python``): the snapshot's binary copies and the streamed text
+    rows hold the same values in different raw forms."""
+    keyed: dict[str, dict[Any, tuple[Any, ...]]] = {}
+    bags: dict[str, Counter[tuple[Any, ...]]] = {}
     for txn in ChangeLog(root).read_transactions():
         for event in txn.events:
             if isinstance(event, Relation):
                 continue
             if isinstance(event, Insert | Update | Delete):
                 # Rows may come back as a Row subclass (EncodedRow): compare plain tuples.
-                new = None if isinstance(event, Delete) else tuple(event.new)
-                old = None if isinstance(event, Insert) or event.old is None else tuple(event.old)
                 table = event.table
+                new = None if isinstance(event, Delete) else row_to_python(table, event.new)
+                old = (
+                    None
+                    if isinstance(event, Insert) or event.old is None
+                    else row_to_python(table, event.old)
+                )
                 name = table.name
                 if not any(c.is_key for c in table.columns) or table.replica_identity.value == "f":
                     bag = bags.setdefault(name, Counter())
@@ -129,6 +138,11 @@ def source_rows(db: Database, table: Table) -> list[Row]:
             )
             for r in range(result.ntuples)
         ]
+
+
+def source_values(db: Database, table: Table) -> list[tuple[Any, ...]]:
+    """``source_rows`` typed, to compare with ``replay``'s rows."""
+    return [row_to_python(table, row) for row in source_rows(db, table)]
 
 
 def typed(table: Table, rows: Any) -> list[str]:

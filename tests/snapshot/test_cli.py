@@ -11,7 +11,7 @@ from pgcdc.events import Insert
 from pgcdc.lsn import LSN
 from tests.conftest import Database
 
-from .helpers import current_lsn, replay, source_rows
+from .helpers import current_lsn, replay, source_values
 
 CLI = [sys.executable, "-m", "pgcdc.cli.main"]
 
@@ -47,7 +47,7 @@ def test_snapshot_then_stream_fills_one_log(db: Database, tmp_path: Path) -> Non
     assert len(txns) == 2  # the snapshot, then the one streamed transaction (filler is unpublished)
     keyed, _ = replay(log)
     table = next(e.table for e in txns[0].events if isinstance(e, Insert))
-    assert sorted(keyed["items"].values(), key=repr) == sorted(source_rows(db, table), key=repr)
+    assert sorted(keyed["items"].values(), key=repr) == sorted(source_values(db, table), key=repr)
     assert len(keyed["items"]) == 491
 
 

@@ -18,7 +18,7 @@ from pgcdc.cli.common import (
 )
 from pgcdc.errors import InvalidOption
 from pgcdc.receiver import Receiver, ReceiverOptions
-from pgcdc.snapshot import DEFAULT_CHUNK_PAGES, take_snapshot
+from pgcdc.snapshot import COPY_FORMATS, DEFAULT_CHUNK_PAGES, take_snapshot
 
 
 def _positive(text: str) -> int:
@@ -58,6 +58,11 @@ def register(subparsers: Any) -> None:
         "--chunk-pages", type=_positive, default=DEFAULT_CHUNK_PAGES, metavar="PAGES",
         help=f"split tables into ctid ranges of this many pages (default {DEFAULT_CHUNK_PAGES})",
     )  # fmt: skip
+    parser.add_argument(
+        "--copy-format", choices=COPY_FORMATS, default="auto",
+        help="auto (default): binary COPY for tables whose column types all have binary "
+        "decoders, text for the others; text: text COPY for every table",
+    )  # fmt: skip
     parser.add_argument("--log", required=True, metavar="DIR", help="the change log to write")
     parser.add_argument(
         "--then-stream", action="store_true",
@@ -91,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             publications=tuple(args.publications),
             workers=args.workers,
             chunk_pages=args.chunk_pages,
+            copy_format=args.copy_format,
         )
         print(
             f"snapshot: {len(result.tables)} tables, {result.rows} rows at "

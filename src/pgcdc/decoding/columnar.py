@@ -380,6 +380,8 @@ def fast_kind(
         return "jsonb"
     if name in _BINARY_NUMBERS and not pa.types.is_string(data_type):
         return "number"
+    if name == "numeric" and pa.types.is_decimal128(data_type) and data_type.precision <= 18:
+        return "decimal"
     if name == "bool":
         return "bool"
     if name == "bytea":
@@ -467,6 +469,8 @@ def fast_column(
         return _binary_text(column, jsonb=kind == "jsonb")
     if kind == "number":
         return _binary_number(name, column, data_type)
+    if kind == "decimal":
+        return _binary_decimal(column, data_type)
     if kind == "bool":
         return _binary_bool(column)
     if kind == "bytes":
@@ -630,6 +634,57 @@ def _binary_number(name: str, column: ColumnView, data_type: pa.DataType) -> Fas
         return _from_numpy(native, present, data_type), None
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
+
+
+_POWERS_OF_TEN = 10 ** np.arange(19, dtype=np.int64)
+_NUMERIC_NEGATIVE = 0x4000
+_NUMERIC_HEADER = 8  # ndigits, weight, sign, dscale: int16 each
+
+
+def _binary_decimal(column: ColumnView, data_type: pa.DataType) -> FastResult:
+    """numeric_send's form (base-10000 digits from ``weight`` down) as decimal128 of at most
+    18 digits, so the unscaled values add up in int64; NaN and infinities are left over."""
+    present = column.present
+    lengths = column.lengths
+    if bool((lengths[present] < _NUMERIC_HEADER).any()):
+        return None
+    starts = np.where(present, column.starts, 0)
+    int16 = column.buffer.view(">i2")
+    ndigits = np.where(present, int16[starts], 0).astype(np.int64)
+    weights = int16[starts + 2].astype(np.int64)
+    signs = column.buffer.view(">u2")[starts + 4].astype(np.int64)
+    if bool((lengths[present] != _NUMERIC_HEADER + 2 * ndigits[present]).any()):
+        return None
+    special = present & (signs != 0) & (signs != _NUMERIC_NEGATIVE)
+    typed = present & ~special
+    ndigits = np.where(typed, ndigits, 0)
+    scale = data_type.scale
+    unscaled = np.zeros(len(column), dtype=np.int64)
+    for index in range(int(ndigits.max()) if len(ndigits) else 0):
+        has = ndigits > index
+        digits = np.where(has, int16[np.where(has, starts + 8 + 2 * index, 0)], 0).astype(np.int64)
+        exponents = 4 * (weights - index) + scale
+        # Below the scale only zeros (padding of the last base-10000 digit) may remain; a
+        # digit that would take a term past 18 decimal digits is for the per-value path.
+        divisors = _POWERS_OF_TEN[np.clip(-exponents, 0, 4)]
+        limits = _POWERS_OF_TEN[np.clip(18 - exponents, 0, 18)]
+        if bool((has & ((digits % divisors != 0) | ((exponents > 18) & (digits != 0)))).any()):
+            return None
+        if bool((has & (exponents >= 0) & (digits >= limits)).any()):
+            return None
+        unscaled += (digits // divisors) * _POWERS_OF_TEN[np.clip(exponents, 0, 18)]
+    if bool((np.abs(unscaled) >= _POWERS_OF_TEN[data_type.precision]).any()):
+        return None
+    unscaled = np.where(signs == _NUMERIC_NEGATIVE, -unscaled, unscaled)
+    unscaled[~typed] = 0
+    # decimal128: 16 bytes per value, little-endian two's complement.
+    words = np.empty((len(column), 2), dtype="<i8")
+    words[:, 0] = unscaled
+    words[:, 1] = unscaled >> 63
+    array = pa.Array.from_buffers(
+        data_type, len(column), [_validity(typed), pa.py_buffer(words.tobytes())]
+    )
+    return array, (special if bool(special.any()) else None)
 
 
 def _binary_bool(column: ColumnView) -> FastResult:

@@ -209,24 +209,24 @@ class Interval:
         return timedelta(days=month_days + self.days, microseconds=self.microseconds)
 
     def __str__(self) -> str:
-        """The IntervalStyle=postgres text form."""
+        """The IntervalStyle=postgres text form, as interval_out writes it: a part after a
+        negative one is signed, and only 1 is singular ("-1 days")."""
         if self.is_infinite:
             return "infinity" if self.months > 0 else "-infinity"
-        parts: list[str] = []
-        years, months = divmod(abs(self.months), 12)
         sign = -1 if self.months < 0 else 1
-        if years:
-            parts.append(f"{sign * years} year{'s' if years != 1 else ''}")
-        if months:
-            parts.append(f"{sign * months} mon{'s' if months != 1 else ''}")
-        if self.days:
-            parts.append(f"{self.days} day{'s' if abs(self.days) != 1 else ''}")
+        years, months = divmod(abs(self.months), 12)
+        parts: list[str] = []
+        after_negative = False
+        for value, unit in ((sign * years, "year"), (sign * months, "mon"), (self.days, "day")):
+            if value:
+                plus = "+" if after_negative and value > 0 else ""
+                parts.append(f"{plus}{value} {unit}{'s' if value != 1 else ''}")
+                after_negative = value < 0
         if self.microseconds or not parts:
-            negative = self.microseconds < 0
             clock = _format_time(abs(self.microseconds))
-            if negative:
+            if self.microseconds < 0:
                 clock = "-" + clock
-            elif parts and (self.days < 0 or self.months < 0):
+            elif after_negative:
                 clock = "+" + clock
             parts.append(clock)
         return " ".join(parts)

@@ -11,6 +11,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     failover = true               # a new slot is a failover slot (PostgreSQL 17+)
     snapshot = "initial"          # or "never"
     snapshot_workers = 4
+    snapshot_copy_format = "auto" # binary COPY where the types allow, else text; or "text"
     standby = false               # true: decode on a hot standby (PostgreSQL 16+), read-only
     receive_timeout = 60.0        # seconds of silence before the connection counts as lost
 
@@ -89,7 +90,13 @@ from pgcdc.receiver import (
     RetryPolicy,
 )
 from pgcdc.sinks.kinds import SinkKind, parse_kinds
-from pgcdc.snapshot import SnapshotResult, recopy_tables, snapshot_tables, take_snapshot
+from pgcdc.snapshot import (
+    COPY_FORMATS,
+    SnapshotResult,
+    recopy_tables,
+    snapshot_tables,
+    take_snapshot,
+)
 from pgcdc.storage import StorageOptions
 
 if TYPE_CHECKING:  # imported when a query starts: the receiver's process never loads Spark
@@ -127,6 +134,9 @@ class Settings:
     # Debezium's snapshot.mode=initial); "never": only changes from the slot's creation on.
     snapshot: str = "initial"
     snapshot_workers: int = 4
+    # The snapshot's COPY format (pgcdc.snapshot.COPY_FORMATS): "auto" copies a table in binary
+    # format when every column type has a binary decoder (else in text), "text" every table.
+    snapshot_copy_format: str = "auto"
     # pgoutput's binary format: the walsender sends send-function output (cheaper for numeric,
     # timestamps, arrays); values land as in text format.
     binary: bool = False
@@ -213,6 +223,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "failover": ("source", "failover", bool),
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
+    "snapshot_copy_format": ("source", "snapshot_copy_format", str),
     "binary": ("source", "binary", bool),
     "two_phase": ("source", "two_phase", bool),
     "receive_timeout": ("source", "receive_timeout", (int, float)),
@@ -267,6 +278,11 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
     if values.get("snapshot", "initial") not in SNAPSHOT_MODES:
         raise InvalidOption(
             f"snapshot = {values['snapshot']!r}: use one of {', '.join(SNAPSHOT_MODES)}"
+        )
+    if values.get("snapshot_copy_format", "auto") not in COPY_FORMATS:
+        raise InvalidOption(
+            f"snapshot_copy_format = {values['snapshot_copy_format']!r}: use one of "
+            f"{', '.join(COPY_FORMATS)}"
         )
     if not values.get("conninfo"):
         raise InvalidOption(
@@ -550,6 +566,7 @@ def recopy(
         publications=settings.publications,
         drain_to=drain_to,
         workers=settings.snapshot_workers,
+        copy_format=settings.snapshot_copy_format,
     )
     if result is None:
         return False
@@ -696,6 +713,7 @@ def initial_snapshot(
         publications=settings.publications,
         workers=settings.snapshot_workers,
         failover=settings.failover and not standby,
+        copy_format=settings.snapshot_copy_format,
     )
     writer.flush()
     log.info(
