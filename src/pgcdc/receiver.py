@@ -140,6 +140,9 @@ _FEW_EVENTS = 16
 _RUN_STARTS = (Insert, Update, Delete)
 _RUN_ROW_START = RowRun.HEADER_BYTES
 RUN_MAX_ROWS = 4096
+# A run without rows after its first change yet: shared, never appended to.
+_NO_LSNS: list[LSN] = []
+_NO_ROWS: list[bytes] = []
 RUN_MAX_BYTES = 1 << 20
 # SQLSTATE classes a new session can get past: 08 connection exception, 57 operator
 # intervention (walsender terminated, server shutting down or starting up).
@@ -737,9 +740,14 @@ class Receiver:
             and getattr(self.sink, "accepts_row_runs", False)
         )
         run_first: Insert | Update | Delete | None = None
+        run_kind = 0  # the message type of the run's first change
+        # The run's first message; the prefix the others must share is taken from it when a
+        # message of the same type follows (most runs end at once, on a Commit).
+        run_source: bytes | memoryview = b""
         run_prefix = b""
-        run_lsns: list[LSN] = []
-        run_rows: list[bytes] = []
+        # A run's rows after its first change: fresh lists once a second change joins.
+        run_lsns: list[LSN] = _NO_LSNS
+        run_rows: list[bytes] = _NO_ROWS
         run_size = 0
         policy.streaming(clock())
         while True:
@@ -766,20 +774,28 @@ class Receiver:
                     size = len(payload)
                     self._bytes += size
                     if run_first is not None:
-                        # One copy out of the stream's buffer, then bytes operations: faster,
-                        # measured, than comparing and slicing the memoryview itself.
-                        payload = bytes(payload)
-                        if (
-                            payload.startswith(run_prefix)
-                            and run_size < RUN_MAX_BYTES
-                            and len(run_rows) < RUN_MAX_ROWS
-                        ):
-                            run_lsns.append(lsn)
-                            run_rows.append(payload[_RUN_ROW_START:])
-                            run_size += size
-                            if lsn >= watch_from and message_done(lsn) is not None:
-                                return "end_lsn"
-                            continue
+                        # Only a message of the run's type can join it; any other (often the
+                        # Commit after a transaction's one change) ends it unread.
+                        if size and payload[0] == run_kind:
+                            # One copy out of the stream's buffer, then bytes operations:
+                            # faster, measured, than comparing and slicing the memoryview.
+                            payload = bytes(payload)
+                            if not run_prefix:
+                                run_prefix = bytes(run_source[: _RUN_ROW_START + 2])
+                            if (
+                                payload.startswith(run_prefix)
+                                and run_size < RUN_MAX_BYTES
+                                and len(run_rows) < RUN_MAX_ROWS
+                            ):
+                                if run_rows:
+                                    run_lsns.append(lsn)
+                                    run_rows.append(payload[_RUN_ROW_START:])
+                                else:
+                                    run_lsns, run_rows = [lsn], [payload[_RUN_ROW_START:]]
+                                run_size += size
+                                if lsn >= watch_from and message_done(lsn) is not None:
+                                    return "end_lsn"
+                                continue
                         run = RowRun(run_first, run_lsns, run_rows) if run_rows else run_first
                         run_first = None
                         for txn in feed(run, run_size):
@@ -793,8 +809,10 @@ class Receiver:
                         and (type(event) is not Update or event.old is None)
                     ):
                         run_first = event
-                        run_prefix = bytes(payload[: _RUN_ROW_START + 2])
-                        run_lsns, run_rows, run_size = [], [], size
+                        run_kind = payload[0]
+                        run_source = payload
+                        run_prefix = b""
+                        run_lsns, run_rows, run_size = _NO_LSNS, _NO_ROWS, size
                         if lsn >= watch_from and message_done(lsn) is not None:
                             return "end_lsn"
                         continue

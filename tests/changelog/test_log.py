@@ -457,6 +457,28 @@ def test_row_runs_are_logged_as_the_changes_they_stand_for(tmp_path, frame_bytes
     assert log_rows(tmp_path / "runs").equals(log_rows(tmp_path / "single"))
 
 
+@pytest.mark.parametrize("changes", [2, 4, 9, 10])
+def test_short_row_runs_are_logged_as_the_changes_they_stand_for(tmp_path, changes):
+    """Short RowRuns (a few changes of one table, as small OLTP transactions give) are appended
+    row by row, longer ones column by column: both read back, and are laid out, as the same
+    changes logged one by one."""
+    txns = [
+        _inserts(1, changes, lambda i: None),
+        _changes(2, changes, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row)),
+        _changes(3, changes, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row[:1])),
+        _changes(
+            4, changes, lambda i: None, lambda lsn, row, xid, i: Delete(lsn, TABLE, row, False)
+        ),
+    ]
+    with_rows_as_runs = [replace(t, events=tuple(with_runs(t.events))) for t in txns]
+    assert all(isinstance(e, RowRun) for t in with_rows_as_runs for e in t.events)
+    log = ChangeLog(tmp_path / "runs")
+    write(log, with_rows_as_runs)
+    assert list(log.read_transactions()) == txns
+    write(ChangeLog(tmp_path / "single"), [_decoder_rows(t) for t in txns])
+    assert log_rows(tmp_path / "runs").equals(log_rows(tmp_path / "single"))
+
+
 @pytest.mark.parametrize(
     ("bad", "error"),
     [
@@ -469,12 +491,14 @@ def test_row_runs_are_logged_as_the_changes_they_stand_for(tmp_path, frame_bytes
     ],
     ids=["an LSN short", "negative LSN", "update with old row"],
 )
-def test_a_bad_row_run_is_rejected_without_trace(tmp_path, bad, error):
+@pytest.mark.parametrize("changes", [50, 8])
+def test_a_bad_row_run_is_rejected_without_trace(tmp_path, bad, error, changes):
     """A RowRun the writer cannot log as the changes it stands for is refused at append, and
-    nothing of its transaction is logged."""
+    nothing of its transaction is logged: a long run (added column by column) or a short one
+    (row by row)."""
     log = ChangeLog(tmp_path)
     good = _inserts(1, 50, lambda i: None)
-    updates = _changes(2, 50, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row))
+    updates = _changes(2, changes, lambda i: None, lambda lsn, row, xid, i: Update(lsn, TABLE, row))
     [run] = with_runs(updates.events)
     assert isinstance(run, RowRun)
     with log.writer(frame_bytes=1500) as writer:

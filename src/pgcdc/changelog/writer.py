@@ -285,16 +285,51 @@ class ChangeLogWriter:
         self._check_open()
         if txn.commit_lsn <= self._done[0]:
             return False
-        start_rows = self._builder.rows
+        events = txn.events
+        if (type(events) is tuple or type(events) is list) and events:
+            # Most transactions are small and fit in the frame being filled: one ``add_run``
+            # takes them whole, without the frame-cutting machinery of ``_append_cut``.
+            builder = self._builder
+            start_rows = builder.rows
+            definitions: list[Event] = []
+            try:
+                size, end, seq = builder.add_run(
+                    txn,
+                    events,
+                    0,
+                    0,
+                    room=self._frame_bytes - self._buffer_bytes,
+                    definitions=definitions,
+                )
+            except BaseException:
+                self._abandon(start_rows, None, self._segment_first_lsn)
+                raise
+            self._buffer_bytes += size
+            if end == len(events) and self._buffer_bytes < self._frame_bytes:
+                self._appended(txn, definitions)
+                return True
+            return self._append_cut(txn, start_rows, definitions, end, seq)
+        return self._append_cut(txn, self._builder.rows, [], 0, 0)
+
+    def _append_cut(
+        self,
+        txn: CommittedTransaction,
+        start_rows: int,
+        definitions: list[Event],
+        added: int,
+        seq: int,
+    ) -> bool:
+        """``append`` for a transaction that fills frames (large, or crossing the frame being
+        filled) or arrives as an iterator: its events go in until a frame is full, which is
+        then written; ``added`` events (at positions up to ``seq``) are already in."""
         spilled_from: int | None = None
         first_before = self._segment_first_lsn
-        definitions: list[Event] = []
         builder = self._builder
         frame_bytes = self._frame_bytes
+        taken = 0
         try:
-            added = 0
-            for count in self._add_events(txn, definitions):
-                added += count
+            for count in self._add_events(txn, definitions, added, seq):
+                taken += count
                 if self._buffer_bytes < frame_bytes:
                     continue
                 batch = builder.build()
@@ -313,11 +348,16 @@ class ChangeLogWriter:
                     batch = batch.slice(start_rows)
                     start_rows = 0
                 self._write_batch(batch, 0, txn.commit_lsn, txn.commit_lsn, txn.end_lsn)
-            if added == 0:
+            if taken == 0:
                 self._buffer_bytes += builder.add(txn, 0, None)
         except BaseException:
             self._abandon(start_rows, spilled_from, first_before)
             raise
+        self._appended(txn, definitions)
+        return True
+
+    def _appended(self, txn: CommittedTransaction, definitions: list[Event]) -> None:
+        """``txn`` is wholly in the builder or written: it becomes the log's last."""
         for event in definitions:
             self._state.observe(event)
         if self._group_first is None:
@@ -325,19 +365,23 @@ class ChangeLogWriter:
         self._done = (txn.commit_lsn, txn.end_lsn)
         if self._segment_size + self._buffer_bytes >= self._segment_bytes:
             self._finish_segment()
-        return True
 
-    def _add_events(self, txn: CommittedTransaction, definitions: list[Event]) -> Iterator[int]:
+    def _add_events(
+        self, txn: CommittedTransaction, definitions: list[Event], added: int, seq: int
+    ) -> Iterator[int]:
         """Add ``txn``'s events to the builder, yielding how many went in each time the
-        buffer grew, so ``append`` can cut a frame once it reaches ``frame_bytes``.
+        buffer grew, so ``append`` can cut a frame once it reaches ``frame_bytes``. The first
+        ``added`` events (positions below ``seq``) are already in: they are yielded first.
 
         Events already in memory (a tuple or list) go in runs (``BatchBuilder.add_run``
         stops at the event that fills the frame); events streamed from a spill file one at a
         time, so only one of them is held at once."""
         builder = self._builder
         events = txn.events
+        if added:
+            yield added
         if type(events) is tuple or type(events) is list:
-            position, seq, count = 0, 0, len(events)
+            position, count = added, len(events)
             while position < count:
                 room = self._frame_bytes - self._buffer_bytes
                 size, end, seq = builder.add_run(

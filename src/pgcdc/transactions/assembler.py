@@ -82,6 +82,47 @@ _NOTHING: tuple[CommittedTransaction, ...] = ()
 # dataclass's own __init__ would cost more than the rest of a one-change transaction's emit.
 _COMMITTED_SETTERS = field_setters(CommittedTransaction)
 _new_object = object.__new__
+_COMMIT_OUTCOME = TransactionOutcome.COMMIT
+
+
+def _committed(
+    xid: int | None,
+    commit_lsn: LSN,
+    end_lsn: LSN,
+    commit_time: datetime | None,
+    events: Iterable[Event],
+    *,
+    origin: str | None,
+    origin_lsn: LSN | None,
+    gid: str | None,
+    outcome: TransactionOutcome,
+    size: int,
+) -> CommittedTransaction:
+    """``CommittedTransaction(...)`` without its ``__init__``."""
+    committed = _new_object(CommittedTransaction)
+    (
+        set_xid,
+        set_commit,
+        set_end,
+        set_time,
+        set_events,
+        set_origin,
+        set_origin_lsn,
+        set_gid,
+        set_outcome,
+        set_size,
+    ) = _COMMITTED_SETTERS
+    set_xid(committed, xid)
+    set_commit(committed, commit_lsn)
+    set_end(committed, end_lsn)
+    set_time(committed, commit_time)
+    set_events(committed, events)
+    set_origin(committed, origin)
+    set_origin_lsn(committed, origin_lsn)
+    set_gid(committed, gid)
+    set_outcome(committed, outcome)
+    set_size(committed, size)
+    return committed
 
 
 def _is_catalog(event: Event) -> bool:
@@ -161,6 +202,13 @@ class TransactionAssembler:
             self._spill_dir = SpillDirectory(self.options.spill_dir)
         self._plain: _Txn | None = None
         self._plain_gid: str | None = None
+        # Whether a plain commit's transaction is emitted as it was held (xids and times
+        # kept, empty ones too): then ``feed`` emits it itself, see ``_commit_held``.
+        self._emits_as_held = (
+            self.options.include_xids
+            and self.options.include_timestamp
+            and not self.options.skip_empty_xacts
+        )
         self._block: _Txn | None = None
         self._streams: dict[int, _Txn] = {}
         self._sub_to_top: dict[int, int] = {}
@@ -215,8 +263,18 @@ class TransactionAssembler:
                 return []
         kind = type(event)
         if kind is Commit:
+            committed = self._commit_held(event)  # type: ignore[arg-type]
+            if committed is not None:
+                return [committed]
             return list(self._on_commit(event, size))  # type: ignore[arg-type]
         if kind is Begin:
+            if self._plain is None and self._block is None:
+                # _on_begin, inlined for the hot path.
+                txn = _Txn(event.xid, event.lsn, event.commit_time)  # type: ignore[union-attr]
+                self._live[txn] = None
+                self._plain = txn
+                self._plain_gid = None
+                return []
             self._on_begin(event, size)  # type: ignore[arg-type]
             return []
         handler = self._handlers.get(kind)
@@ -435,6 +493,40 @@ class TransactionAssembler:
             )
         self._plain = None
         return txn
+
+    def _commit_held(self, event: Commit) -> CommittedTransaction | None:
+        """The hot path of ``_on_commit``: a plain transaction held in memory, nothing to
+        strip, carry or filter, emitted as ``_emit`` would; None (nothing done) otherwise."""
+        txn = self._plain
+        if (
+            txn is None
+            or not self._emits_as_held
+            or self._plain_gid is not None
+            or txn.spill is not None
+            or txn.discarding
+            or self._carry
+            or (event.xid is not None and txn.xid is not None and event.xid != txn.xid)
+        ):
+            return None
+        self._plain = None
+        # _release, inlined: a plain transaction in memory has no spill file.
+        self._live.pop(txn, None)
+        self._memory -= txn.memory
+        txn.memory = 0
+        self._emitted_since_idle = True
+        commit_lsn, end_lsn = event.commit_lsn, event.end_lsn
+        return _committed(
+            txn.xid if txn.xid is not None else event.xid,
+            commit_lsn if commit_lsn is not None else event.lsn,
+            end_lsn if end_lsn is not None else event.lsn,
+            event.commit_time or txn.commit_time,
+            tuple(txn.events),
+            origin=txn.origin,
+            origin_lsn=txn.origin_lsn,
+            gid=None,
+            outcome=_COMMIT_OUTCOME,
+            size=txn.size,
+        )
 
     def _on_commit(self, event: Commit, size: int | None) -> Iterable[CommittedTransaction]:
         if self._plain_gid is not None:
@@ -790,21 +882,16 @@ class TransactionAssembler:
         size = txn.size
         self._drop(txn)
         self._emitted_since_idle = True
-        # CommittedTransaction(xid, commit_lsn, end_lsn, commit_time, events, origin=...,
-        # origin_lsn=..., gid=..., outcome=..., size=...), without its __init__.
-        committed = _new_object(CommittedTransaction)
-        set_xid, set_commit, set_end, set_time, set_events, set_origin, set_origin_lsn = (
-            _COMMITTED_SETTERS[:7]
+        committed = _committed(
+            xid if options.include_xids else None,
+            commit_lsn,
+            end_lsn,
+            commit_time if options.include_timestamp else None,
+            events,
+            origin=txn.origin,
+            origin_lsn=txn.origin_lsn,
+            gid=gid,
+            outcome=outcome,
+            size=size,
         )
-        set_gid, set_outcome, set_size = _COMMITTED_SETTERS[7:]
-        set_xid(committed, xid if options.include_xids else None)
-        set_commit(committed, commit_lsn)
-        set_end(committed, end_lsn)
-        set_time(committed, commit_time if options.include_timestamp else None)
-        set_events(committed, events)
-        set_origin(committed, txn.origin)
-        set_origin_lsn(committed, txn.origin_lsn)
-        set_gid(committed, gid)
-        set_outcome(committed, outcome)
-        set_size(committed, size)
         return (committed,)
