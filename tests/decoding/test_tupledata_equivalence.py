@@ -318,6 +318,8 @@ def same_typed(found: object, expected: object, what: str) -> None:
 @example([b"\x00\x01t\x00\x00\x00\x03\xed\xa0\x80"], 0)  # an encoded surrogate
 @example([b"\x00\x01b\x00\x00\x00\xc8" + b"\x00" * 200], 0)  # a length byte that is not ASCII
 @example([b"\x00\x01n"], 1)  # the relation is wider than the row
+# Found by random exploration: one column text in a row and binary (not UTF-8) in another.
+@example([b"\x00\x02nt\x00\x00\x00\x00", b"\x00\x02nb\x00\x00\x00\x01\x80"], 0)
 def test_every_reader_agrees_with_the_reference(datas: list[bytes], shift: int) -> None:
     width = max((declared_width(datas[0]) or 0) + shift, 0)
     for data in datas:

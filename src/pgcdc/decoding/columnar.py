@@ -291,15 +291,16 @@ def first_unreadable_row(rows: pa.Array) -> tuple[int, str] | None:
     sized = valid & (limits - starts >= 2)
     suspects = [np.flatnonzero(valid & ~sized)]
     widths = np.where(sized, buffer.view(">u2")[np.minimum(starts, size)], -1)
-    # All bytes ASCII (short values, no accents): all text is UTF-8, no need to look closer.
-    ascii = not size or int(buffer.u8[:size].max()) < 0x80
+    # Text holding only ASCII bytes is UTF-8: only rows with a byte >= 0x80 inside a text
+    # value (not in a length or a binary value) need their text checked.
+    high = np.flatnonzero(buffer.u8[:size] >= 0x80)
     for width in np.unique(widths[sized]).tolist():
         group = np.flatnonzero(widths == width)
         framing = frame_tuples(buffer, starts[group], limits[group], width)
         if (
             framing is None
             or not np.array_equal(framing.ends, limits[group])
-            or (not ascii and text_columns(framing) is None)
+            or (_in_text(framing, high) and text_columns(framing) is None)
         ):
             suspects.append(group)  # Arrow's UTF-8 is stricter (no surrogates): ask per row
     for index in np.sort(np.concatenate(suspects)).tolist():
@@ -435,19 +436,46 @@ def _offsets(array: pa.Array) -> npt.NDArray[np.int64]:
     return offsets.astype(np.int64) - int(offsets[0])
 
 
+def _in_text(framing: Framing, positions: Int64s) -> bool:
+    """Whether any of ``positions`` (sorted byte offsets in the framing's buffer) lies inside
+    a text value of the framed rows."""
+    if not len(positions):
+        return False
+    firsts, lasts = [], []
+    for view in framing.columns:
+        text = view.kinds == KIND_TEXT
+        if bool(text.any()):
+            firsts.append(view.starts[text])
+            lasts.append(view.starts[text] + view.lengths[text])
+    if not firsts:
+        return False
+    first, last = np.concatenate(firsts), np.concatenate(lasts)
+    order = np.argsort(first, kind="stable")
+    first, last = first[order], last[order]
+    # Values never overlap: a position is inside the value starting last at or before it.
+    index = np.searchsorted(first, positions, side="right") - 1
+    inside = (index >= 0) & (positions < last[np.maximum(index, 0)])
+    return bool(inside.any())
+
+
 def text_columns(framing: Framing) -> list[pa.Array | None] | None:
     """Each column's text values as a string array (None for columns without text), or None
     when any text value is not UTF-8. Checked for every column before any is converted, as
     decoding whole rows first does, so a bad byte is reported the same wherever it is."""
     strings: list[pa.Array | None] = []
     for view in framing.columns:
-        if view.format() in ("t", "mixed"):
+        fmt = view.format()
+        if fmt == "t":
             found = text_strings(view)
-            if found is None:
-                return None
-            strings.append(found)
+        elif fmt == "mixed":  # (a change log may hold a binary snapshot and a text stream)
+            values = view.buffer.slices(view.starts, view.lengths, view.kinds == KIND_TEXT)
+            found = None if values is None else _utf8(values)  # its binary values null
         else:
             strings.append(None)
+            continue
+        if found is None:
+            return None
+        strings.append(found)
     return strings
 
 
