@@ -70,15 +70,10 @@ def _source(conninfo: str) -> None:
 class Workload:
     """Transactions of inserts, updates and deletes in a thread until stopped. It rides out
     the faults itself (a failed transaction is given up, a new connection opened): what the
-    source holds afterwards is the truth the change log is compared with.
+    source holds afterwards is the truth the change log is compared with."""
 
-    ``recent``: only rows with ids this close below the newest are updated (transactions then
-    stay small however long the workload runs); ``pause``: seconds between transactions."""
-
-    def __init__(self, conninfo: str, *, recent: int | None = None, pause: float = 0.0) -> None:
+    def __init__(self, conninfo: str) -> None:
         self.conninfo = conninfo
-        self.recent = recent
-        self.pause = pause
         self.transactions = 0  # committed, as far as the client knows
         self.error: BaseException | None = None
         self.stopping = threading.Event()
@@ -112,9 +107,9 @@ class Workload:
                 self.error = error
                 raise
 
-    def _transaction(self, conn: psycopg.Connection[Any], batch: int) -> None:
+    @staticmethod
+    def _transaction(conn: psycopg.Connection[Any], batch: int) -> None:
         first = batch * 10
-        oldest = -(2**31) if self.recent is None else first - self.recent
         with conn.transaction():
             conn.execute(
                 "INSERT INTO items SELECT g, md5(g::text), 0 "
@@ -123,13 +118,10 @@ class Workload:
             )
             # Earlier rows change and go: every change is distinct (n counts the updates).
             conn.execute(
-                "UPDATE items SET n = n + 1, v = md5(v) "
-                "WHERE id %% 7 = %s AND id >= %s AND id < %s",
-                (batch % 7, oldest, first),
+                "UPDATE items SET n = n + 1, v = md5(v) WHERE id %% 7 = %s AND id < %s",
+                (batch % 7, first),
             )
             conn.execute("DELETE FROM items WHERE id = %s", (first - 53,))
-        if self.pause:
-            time.sleep(self.pause)
 
 
 def _texts(table: Table, row: Sequence[Any]) -> Row:

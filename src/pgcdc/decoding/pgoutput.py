@@ -156,17 +156,6 @@ _encoded_data = EncodedRow.__dict__["_data"].__set__
 _encoded_values = EncodedRow.__dict__["_values"].__set__
 
 
-def _check_width(buf: bytes, pos: int, table: Table) -> None:
-    """The TupleData at ``pos`` has as many columns as ``table``."""
-    try:
-        (width,) = _U16(buf, pos)
-    except struct.error:
-        read_tuple_reference(buf, pos)  # raises: no column count
-        raise
-    if width != len(table.columns):
-        raise _width_error(width, table)
-
-
 def _width_error(width: int, table: Table) -> DecodeError:
     return DecodeError(
         f"the row has {width} columns but the Relation message for "
@@ -369,7 +358,13 @@ class PgOutputDecoder:
         Lazy rows are ``EncodedRow``s checked as ``read_tuple_reference`` checks, from the
         framing alone (``tuple_end``) when the row is ASCII, which is then valid UTF-8
         throughout; any other row is read (``read_tuple``) and its values kept."""
-        _check_width(buf, pos, table)
+        try:
+            (width,) = _U16(buf, pos)
+        except struct.error:
+            read_tuple_reference(buf, pos)  # raises: no column count
+            raise
+        if width != len(table.columns):
+            raise _width_error(width, table)
         if self.lazy_rows:
             end = tuple_end(buf, pos)
             data = buf[pos:end]
@@ -383,7 +378,13 @@ class PgOutputDecoder:
         """The tuple at ``pos``, which ends the message: with unchecked rows, just its bytes
         (the column count checked); otherwise read and checked."""
         if self._unchecked_rows:
-            _check_width(buf, pos, table)
+            try:
+                (width,) = _U16(buf, pos)
+            except struct.error:
+                read_tuple_reference(buf, pos)  # raises: no column count
+                raise
+            if width != len(table.columns):
+                raise _width_error(width, table)
             row: Row = _new_object(EncodedRow)
             _encoded_data(row, buf[pos:])
             _encoded_values(row, None)
@@ -501,7 +502,13 @@ class PgOutputDecoder:
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
         pos += 5
-        _check_width(buf, pos, table)
+        try:
+            (width,) = _U16(buf, pos)
+        except struct.error:
+            read_tuple_reference(buf, pos)  # raises: no column count
+            raise
+        if width != len(table.columns):
+            raise _width_error(width, table)
         row: Row
         if self._unchecked_rows:
             row = _new_object(EncodedRow)
@@ -541,7 +548,13 @@ class PgOutputDecoder:
         old: Row | None = None
         new: Row
         if kind == _NEW and self._unchecked_rows:
-            _check_width(buf, pos, table)
+            try:
+                (width,) = _U16(buf, pos)
+            except struct.error:
+                read_tuple_reference(buf, pos)  # raises: no column count
+                raise
+            if width != len(table.columns):
+                raise _width_error(width, table)
             new = _new_object(EncodedRow)
             _encoded_data(new, buf[pos:])
             _encoded_values(new, None)
