@@ -70,10 +70,15 @@ def _source(conninfo: str) -> None:
 class Workload:
     """Transactions of inserts, updates and deletes in a thread until stopped. It rides out
     the faults itself (a failed transaction is given up, a new connection opened): what the
-    source holds afterwards is the truth the change log is compared with."""
+    source holds afterwards is the truth the change log is compared with.
 
-    def __init__(self, conninfo: str) -> None:
+    ``recent``: only rows with ids this close below the newest are updated (transactions then
+    stay small however long the workload runs); ``pause``: seconds between transactions."""
+
+    def __init__(self, conninfo: str, *, recent: int | None = None, pause: float = 0.0) -> None:
         self.conninfo = conninfo
+        self.recent = recent
+        self.pause = pause
         self.transactions = 0  # committed, as far as the client knows
         self.error: BaseException | None = None
         self.stopping = threading.Event()
@@ -107,21 +112,24 @@ class Workload:
                 self.error = error
                 raise
 
-    @staticmethod
-    def _transaction(conn: psycopg.Connection[Any], batch: int) -> None:
+    def _transaction(self, conn: psycopg.Connection[Any], batch: int) -> None:
         first = batch * 10
+        # Earlier rows change and go: every change is distinct (n counts the updates).
+        update = "UPDATE items SET n = n + 1, v = md5(v) WHERE id %% 7 = %s AND id < %s"
+        arguments: tuple[int, ...] = (batch % 7, first)
+        if self.recent is not None:
+            update += " AND id >= %s"
+            arguments += (first - self.recent,)
         with conn.transaction():
             conn.execute(
                 "INSERT INTO items SELECT g, md5(g::text), 0 "
                 "FROM generate_series(%s::int, %s::int) g",
                 (first, first + 9),
             )
-            # Earlier rows change and go: every change is distinct (n counts the updates).
-            conn.execute(
-                "UPDATE items SET n = n + 1, v = md5(v) WHERE id %% 7 = %s AND id < %s",
-                (batch % 7, first),
-            )
+            conn.execute(update, arguments)
             conn.execute("DELETE FROM items WHERE id = %s", (first - 53,))
+        if self.pause:
+            time.sleep(self.pause)
 
 
 def _texts(table: Table, row: Sequence[Any]) -> Row:

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from pgcdc.localpg import wait_until
@@ -35,29 +34,6 @@ __all__ = ["spark_cluster"]  # the fixture, imported to be used here
 SLOT = "standalone"  # cluster_config's
 SNAPSHOT_ROWS = 20_000
 STREAM_KILLS = 2
-
-
-class _Workload(faults.Workload):
-    """``faults.Workload`` with its updates kept to the newest rows and a pause after each
-    transaction: transactions stay small however long the restarts take (each waits out the
-    killed writer's lease)."""
-
-    @staticmethod
-    def _transaction(conn: psycopg.Connection[Any], batch: int) -> None:
-        first = batch * 10
-        with conn.transaction():
-            conn.execute(
-                "INSERT INTO items SELECT g, md5(g::text), 0 "
-                "FROM generate_series(%s::int, %s::int) g",
-                (first, first + 9),
-            )
-            conn.execute(
-                "UPDATE items SET n = n + 1, v = md5(v) "
-                "WHERE id %% 7 = %s AND id BETWEEN %s AND %s",
-                (batch % 7, first - 700, first - 1),
-            )
-            conn.execute("DELETE FROM items WHERE id = %s", (first - 53,))
-        time.sleep(0.02)
 
 
 def _slot_pid(db: Database) -> int | None:
@@ -123,7 +99,9 @@ def test_killed_pipeline_on_a_cluster_with_s3_restarts_without_loss_or_duplicate
     )
     output = tmp_path / "children.log"
     written: list[int] = []
-    with _Workload(conninfo) as workload:
+    # Updates of the newest rows only: transactions stay small while restarts wait out the
+    # killed writer's lease.
+    with faults.Workload(conninfo, recent=700, pause=0.02) as workload:
         # Mid-snapshot: the slot exists from the snapshot's start; the copy takes seconds.
         child = _start(config, output)
         try:

@@ -156,6 +156,17 @@ _encoded_data = EncodedRow.__dict__["_data"].__set__
 _encoded_values = EncodedRow.__dict__["_values"].__set__
 
 
+def _check_width(buf: bytes, pos: int, table: Table) -> None:
+    """The TupleData at ``pos`` has as many columns as ``table``."""
+    try:
+        (width,) = _U16(buf, pos)
+    except struct.error:
+        read_tuple_reference(buf, pos)  # raises: no column count
+        raise
+    if width != len(table.columns):
+        raise _width_error(width, table)
+
+
 def _width_error(width: int, table: Table) -> DecodeError:
     return DecodeError(
         f"the row has {width} columns but the Relation message for "
@@ -358,13 +369,7 @@ class PgOutputDecoder:
         Lazy rows are ``EncodedRow``s checked as ``read_tuple_reference`` checks, from the
         framing alone (``tuple_end``) when the row is ASCII, which is then valid UTF-8
         throughout; any other row is read (``read_tuple``) and its values kept."""
-        try:
-            (width,) = _U16(buf, pos)
-        except struct.error:
-            read_tuple_reference(buf, pos)  # raises: no column count
-            raise
-        if width != len(table.columns):
-            raise _width_error(width, table)
+        _check_width(buf, pos, table)
         if self.lazy_rows:
             end = tuple_end(buf, pos)
             data = buf[pos:end]
@@ -378,13 +383,7 @@ class PgOutputDecoder:
         """The tuple at ``pos``, which ends the message: with unchecked rows, just its bytes
         (the column count checked); otherwise read and checked."""
         if self._unchecked_rows:
-            try:
-                (width,) = _U16(buf, pos)
-            except struct.error:
-                read_tuple_reference(buf, pos)  # raises: no column count
-                raise
-            if width != len(table.columns):
-                raise _width_error(width, table)
+            _check_width(buf, pos, table)
             row: Row = _new_object(EncodedRow)
             _encoded_data(row, buf[pos:])
             _encoded_values(row, None)
@@ -502,13 +501,7 @@ class PgOutputDecoder:
         if buf[pos + 4] != _NEW:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
         pos += 5
-        try:
-            (width,) = _U16(buf, pos)
-        except struct.error:
-            read_tuple_reference(buf, pos)  # raises: no column count
-            raise
-        if width != len(table.columns):
-            raise _width_error(width, table)
+        _check_width(buf, pos, table)
         row: Row
         if self._unchecked_rows:
             row = _new_object(EncodedRow)
@@ -548,13 +541,7 @@ class PgOutputDecoder:
         old: Row | None = None
         new: Row
         if kind == _NEW and self._unchecked_rows:
-            try:
-                (width,) = _U16(buf, pos)
-            except struct.error:
-                read_tuple_reference(buf, pos)  # raises: no column count
-                raise
-            if width != len(table.columns):
-                raise _width_error(width, table)
+            _check_width(buf, pos, table)
             new = _new_object(EncodedRow)
             _encoded_data(new, buf[pos:])
             _encoded_values(new, None)
