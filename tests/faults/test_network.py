@@ -17,6 +17,8 @@ import pytest
 
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.catalog import TypeDescriber
+from pgcdc.connection.protocol import XLogData
+from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.errors import ConnectionLost
 from pgcdc.events import Insert, Table
 from pgcdc.localpg import wait_until
@@ -126,6 +128,97 @@ def test_a_catalog_lookup_on_a_black_holed_network_ends_within_its_timeout(db: D
             types.describe_relation(table)  # a new connection answers again
         finally:
             types.close()
+
+
+@pytest.mark.timeout(120)  # without the deadline stop() waits for ever
+def test_stopping_a_stream_on_a_black_holed_network_ends_within_its_timeout(
+    db: Database,
+) -> None:
+    """stop() sends CopyDone and waits for the server's answer: on a silent network that wait
+    is held to receive_timeout too, and ends with a retryable ConnectionLost."""
+    db.execute("CREATE TABLE stopped (id int PRIMARY KEY)")
+    db.execute("SELECT pg_create_logical_replication_slot('stopped', 'test_decoding')")
+    db.execute("INSERT INTO stopped VALUES (1)")
+    with (
+        TcpProxy("127.0.0.1", db.cluster.port) as proxy,
+        ReplicationConnection.connect(db.conninfo(port=proxy.port)) as conn,
+    ):
+        stream = conn.start_replication("stopped", receive_timeout=RECEIVE_TIMEOUT)
+        deadline = time.monotonic() + 30
+        while not isinstance(stream.read(timeout=1.0), XLogData):
+            assert time.monotonic() < deadline, "nothing streamed"
+        proxy.black_hole()
+        started = time.monotonic()
+        with pytest.raises(ConnectionLost, match="stopping the stream got no answer") as lost:
+            stream.stop()
+        assert time.monotonic() - started < RECEIVE_TIMEOUT + 10
+        assert retryable(lost.value)
+        assert stream.ended
+
+
+class _SilencedAtLookup(TypeDescriber):
+    """A catalog that black-holes the network as it looks up its second table, after its
+    connection is open: the lookup times out while the replication stream is alive."""
+
+    proxy: TcpProxy | None = None
+    lookups = 0
+
+    def describe_relation(self, table: Table) -> Table:
+        type(self).lookups += 1
+        if type(self).lookups == 2 and self.proxy is not None:
+            self.proxy.black_hole()
+        return super().describe_relation(table)
+
+
+@pytest.mark.timeout(180)  # without a deadline on stopping the stream this waits for ever
+def test_a_session_failing_on_a_black_holed_network_ends_and_is_retried(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session that fails for a reason other than the stream's silence (here the catalog
+    lookup a Relation message needs) stops its stream on the way out, on the same silent
+    network: that stop is held to receive_timeout, so the receiver's next session follows and
+    logs every change once. (Seen in CI: the pipeline hung in that stop after a black hole.)"""
+    db.execute("CREATE TABLE first (id int PRIMARY KEY, v text)")
+    db.execute("CREATE TABLE second (id int PRIMARY KEY, v text)")
+    db.execute("CREATE PUBLICATION both_pub FOR TABLE first, second")
+    db.execute("SELECT pg_create_logical_replication_slot('both', 'pgoutput')")
+    db.execute("INSERT INTO first SELECT g, md5(g::text) FROM generate_series(1, 20) g")
+    db.execute("INSERT INTO second SELECT g, md5(g::text) FROM generate_series(1, 20) g")
+    end = LSN.parse(db.scalar("SELECT pg_current_wal_lsn()::text"))
+    failures: list[BaseException] = []
+    with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
+        monkeypatch.setattr(_SilencedAtLookup, "proxy", proxy)
+        monkeypatch.setattr(_SilencedAtLookup, "lookups", 0)
+        monkeypatch.setattr("pgcdc.receiver.TypeDescriber", _SilencedAtLookup)
+        options = ReceiverOptions(
+            db.conninfo(port=proxy.port),
+            "both",
+            publications=("both_pub",),
+            receive_timeout=RECEIVE_TIMEOUT,
+            end_lsn=end,
+        )
+
+        def on_retry(error: BaseException, delay: float, attempt: int) -> None:
+            failures.append(error)
+            proxy.restore()
+
+        retry = RetryPolicy(initial=0.1, maximum=0.1, jitter=0.0)
+        with ChangeLogWriter(tmp_path / "log") as writer:
+            Receiver(options, writer).run(retry=retry, on_retry=on_retry)
+    assert _SilencedAtLookup.lookups >= 3  # the second table was looked up again, answered
+    assert [type(error) for error in failures] == [ConnectionLost], failures
+    assert "second's columns got no answer within 2 s" in str(failures[0]), failures
+    logged = sorted(
+        (event.table.name, int(str(event.new[0])), str(event.new[1]))
+        for txn in ChangeLog(tmp_path / "log").read_transactions()
+        for event in txn.events
+        if isinstance(event, Insert)
+    )
+    assert logged == sorted(
+        (name, i, v)
+        for name in ("first", "second")
+        for i, v in db.execute(f"SELECT id, v FROM {name}")
+    )
 
 
 class _SilencedAtSessionStart(ChangeLogWriter):

@@ -48,7 +48,7 @@ from pgcdc.connection.protocol import (
     standby_status_update,
 )
 from pgcdc.connection.server_errors import translate
-from pgcdc.connection.waiting import READ, WRITE, PQGen, SyncWaiter, run_async
+from pgcdc.connection.waiting import READ, WRITE, PQGen, SyncWaiter, held_to, run_async
 from pgcdc.lsn import INVALID_LSN, LSN
 
 T = TypeVar("T")
@@ -536,9 +536,25 @@ class _StreamCore:
         return None
 
     def stop_gen(self) -> PQGen[None]:
-        """Report the confirmed position, send CopyDone, drain to CommandComplete."""
+        """Report the confirmed position, send CopyDone, drain to CommandComplete; held to
+        ``receive_timeout`` as reading is, so a stop on a silent network ends too (the
+        receiver stops its stream on the way out of every failed session)."""
         if self.ended:
             return
+        timeout = self.receive_timeout
+        deadline = None if timeout is None else self.clock() + timeout
+
+        def unanswered() -> errors.ConnectionLost:
+            self.copy_ended = self.ended = True
+            return errors.ConnectionLost(
+                f"stopping the stream got no answer from the server within {timeout:g} s "
+                "(receive_timeout): the connection is presumed dead (a network partition?); "
+                "reconnect and restart streaming from the last confirmed LSN"
+            )
+
+        yield from held_to(self._stop_gen(), deadline, self.clock, unanswered)
+
+    def _stop_gen(self) -> PQGen[None]:
         if self.copy_ended:
             yield from self.server_ended_gen()
         self.send_status()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TypeAlias, TypeVar
 
 READ = selectors.EVENT_READ
@@ -20,6 +20,32 @@ WRITE = selectors.EVENT_WRITE
 T = TypeVar("T")
 WaitRequest: TypeAlias = tuple[int, float | None]
 PQGen: TypeAlias = Generator[WaitRequest, int, T]
+
+
+def held_to(
+    gen: PQGen[T],
+    deadline: float | None,
+    clock: Callable[[], float],
+    expired: Callable[[], Exception],
+) -> PQGen[T]:
+    """``gen`` with every wait cut off at ``deadline`` (on ``clock``; None: no limit): once it
+    passes with the step unfinished, the step is closed and ``expired()`` is raised. A step
+    whose own waits have no limit (a reply the protocol waits for) cannot then hang on a
+    silent network."""
+    if deadline is None:
+        return (yield from gen)
+    try:
+        events, timeout = next(gen)
+        while True:
+            left = deadline - clock()
+            if left <= 0:
+                gen.close()
+                raise expired()
+            ready = yield events, left if timeout is None else min(timeout, left)
+            events, timeout = gen.send(ready)
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 class SyncWaiter:
