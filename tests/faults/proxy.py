@@ -2,6 +2,8 @@
 carries, ``black_hole()`` keeps them (and new ones) open but forwards nothing, as a partition
 or a firewall dropping state does, so each side sees only silence. Point a conninfo at
 ``proxy.port`` instead of the server's; the tests' own SQL goes to the server directly.
+``black_hole_on(marker)`` makes the partition start as a client sends a given command, so it
+strikes a connection that is open and authenticated, waiting for an answer.
 
 One asyncio loop in a daemon thread carries every connection; the methods are called from
 the test's thread and return once the loop has applied them.
@@ -47,6 +49,7 @@ class TcpProxy:
         self.connections = 0  # accepted so far
         self._links: set[_Link] = set()
         self._black_hole = False
+        self._trigger: bytes | None = None  # black-hole once a client sends this
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="tcp-proxy", daemon=True
@@ -65,6 +68,10 @@ class TcpProxy:
             self._server.close()
             for link in list(self._links):
                 link.close(reset=False)
+            # Let every connection's task see its link closed before the loop stops.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if others:
+                await asyncio.wait(others, timeout=5)
 
         self._call(close())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -93,6 +100,29 @@ class TcpProxy:
 
         self._call(silence())
 
+    @property
+    def silent(self) -> bool:
+        """Whether new connections are black-holed now."""
+        return self._black_hole
+
+    def black_hole_on(self, marker: bytes) -> None:
+        """Black-hole (as ``black_hole``) from the moment a client sends bytes holding
+        ``marker`` (a command's text): that chunk is not forwarded either."""
+
+        async def arm() -> None:
+            self._trigger = marker
+
+        self._call(arm())
+
+    def _watch(self, data: bytes) -> None:
+        """Start the armed black hole if ``data``, from a client, holds its marker."""
+        if self._trigger is None or self._trigger not in data:
+            return
+        self._trigger = None
+        self._black_hole = True
+        for link in self._links:
+            link.silenced = True
+
     def restore(self) -> None:
         """New connections are forwarded again."""
 
@@ -120,20 +150,27 @@ class TcpProxy:
                 return
             link.writers.append(upstream)
             await asyncio.gather(
-                self._pump(reader, upstream, link), self._pump(upstream_reader, writer, link)
+                self._pump(reader, upstream, link, from_client=True),
+                self._pump(upstream_reader, writer, link, from_client=False),
             )
         finally:
             self._links.discard(link)
 
-    @staticmethod
     async def _pump(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, link: _Link
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        link: _Link,
+        *,
+        from_client: bool,
     ) -> None:
         """Copy one direction until either side closes (then close both); once the link is
         silenced, stop reading and writing until it is closed."""
         try:
             while not link.closed.is_set():
                 data = await reader.read(_CHUNK)
+                if from_client:
+                    self._watch(data)
                 if link.silenced:
                     await link.closed.wait()
                     return

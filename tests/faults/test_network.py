@@ -8,6 +8,7 @@ equals the source.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.connection.protocol import XLogData
@@ -223,6 +225,46 @@ def test_a_session_failing_on_a_black_holed_network_ends_and_is_retried(
         for name in ("first", "second")
         for i, v in db.execute(f"SELECT id, v FROM {name}")
     )
+
+
+@pytest.mark.timeout(180)  # without the deadlines the pipeline's session start waits for ever
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (b"IDENTIFY_SYSTEM", "IDENTIFY_SYSTEM got no answer within 2 s"),
+        (b"pg_is_in_recovery", "looking the server and slot up got no answer within 2 s"),
+    ],
+)
+def test_the_pipelines_slot_check_on_a_black_holed_network_ends_and_is_retried(
+    db: Database,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    command: bytes,
+    said: str,
+) -> None:
+    """Before each session the pipeline checks the server and its slot on connections of its
+    own; a network that goes silent while one of them waits for an answer ends that session
+    within receive_timeout, and the next session logs every change once."""
+    _source(db.conninfo())
+    db.execute("INSERT INTO items SELECT g, md5(g::text), g FROM generate_series(1, 30) g")
+    end = _current_lsn(db.conninfo())
+    with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
+        proxied = db.conninfo(port=proxy.port, connect_timeout=2)
+        settings = _settings(proxied, tmp_path, receive_timeout=RECEIVE_TIMEOUT)
+        proxy.black_hole_on(command)
+
+        def restore_once_silent() -> None:
+            wait_until(lambda: proxy.silent, timeout=60)
+            time.sleep(RECEIVE_TIMEOUT + 1)
+            proxy.restore()
+
+        restorer = threading.Thread(target=restore_once_silent, daemon=True)
+        restorer.start()
+        progress = pipeline.receive(settings, end, None)
+        restorer.join(10)
+    assert progress.stopped_by == "end_lsn"
+    assert any(said in line for line in _reconnections(caplog)), _reconnections(caplog)
+    _check_logged_exactly_once(db.conninfo(), tmp_path / "log")
 
 
 class _SilencedAtSessionStart(ChangeLogWriter):

@@ -54,6 +54,7 @@ from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.connection import server_errors
 from pgcdc.connection.commands import supports_failover
 from pgcdc.connection.conninfo import connect, normalize
+from pgcdc.connection.deadline import answered_within
 from pgcdc.connection.preflight import LOGICAL_DECODING_ON_STANDBY
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.sql import create_logical_slot, drop_slot, get_slot
@@ -597,11 +598,15 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     origin = load_origin(root, settings.storage)
     fresh = origin is None and writer.last_commit_lsn == 0
     writer.flush()  # what the last session appended counts as held (log_end below)
-    server = server_timeline(settings.conninfo, origin.timeline if origin else None)
+    # Lookups are held to receive_timeout, as the stream is: on a silent network they end with
+    # ConnectionLost, which the receiver retries (creating a slot or a snapshot may take long).
+    timeout = settings.receive_timeout or None
+    server = server_timeline(settings.conninfo, origin.timeline if origin else None, timeout)
     with server_errors.translated(), connect(settings.conninfo) as conn:
-        standby = check_server_role(conn, standby_allowed=settings.standby)
-        database = conn.info.dbname
-        slot = get_slot(conn, settings.slot)
+        with answered_within(conn, timeout, "looking the server and slot up"):
+            standby = check_server_role(conn, standby_allowed=settings.standby)
+            database = conn.info.dbname
+            slot = get_slot(conn, settings.slot)
         if fresh and slot is not None and snapshot_pending(root, settings.storage) == settings.slot:
             log.warning(
                 "the initial snapshot into %s was interrupted before it completed: dropping "
@@ -683,16 +688,20 @@ def _create_slot(conn: Any, settings: Settings, *, standby: bool) -> LSN:
         ) from error
 
 
-def server_timeline(conninfo: str, known_timeline: int | None) -> ServerTimeline:
+def server_timeline(
+    conninfo: str, known_timeline: int | None, timeout: float | None = None
+) -> ServerTimeline:
     """The server's system identifier and timeline (IDENTIFY_SYSTEM), and when it is not on
     ``known_timeline`` (the change log's), where each earlier timeline ended
-    (TIMELINE_HISTORY): what ``origin.verify`` checks a failover against."""
+    (TIMELINE_HISTORY): what ``origin.verify`` checks a failover against. Answered within
+    ``timeout`` seconds (None: no limit), else ConnectionLost."""
     conn = ReplicationConnection.connect(conninfo, application_name="pgcdc")
     try:
-        identity = conn.identify_system()
-        switchpoints: dict[int, LSN] = {}
-        if known_timeline is not None and identity.timeline not in (known_timeline, 1):
-            switchpoints = conn.timeline_history(identity.timeline).switchpoints()
+        with answered_within(conn.connection, timeout, "IDENTIFY_SYSTEM"):
+            identity = conn.identify_system()
+            switchpoints: dict[int, LSN] = {}
+            if known_timeline is not None and identity.timeline not in (known_timeline, 1):
+                switchpoints = conn.timeline_history(identity.timeline).switchpoints()
     finally:
         conn.close()
     return ServerTimeline(identity.system_id, identity.timeline, switchpoints)
