@@ -162,6 +162,29 @@ def test_stopping_a_stream_on_a_black_holed_network_ends_within_its_timeout(
         assert stream.ended
 
 
+def _receive_restoring(
+    proxy: TcpProxy, db: Database, name: str, end: LSN, writer: ChangeLogWriter
+) -> list[BaseException]:
+    """Run a receiver through ``proxy`` from slot ``name`` (publication ``name``_pub) up to
+    ``end``, retrying at once after each failure with the network restored; the failures."""
+    failures: list[BaseException] = []
+    options = ReceiverOptions(
+        db.conninfo(port=proxy.port),
+        name,
+        publications=(f"{name}_pub",),
+        receive_timeout=RECEIVE_TIMEOUT,
+        end_lsn=end,
+    )
+
+    def on_retry(error: BaseException, delay: float, attempt: int) -> None:
+        failures.append(error)
+        proxy.restore()
+
+    retry = RetryPolicy(initial=0.1, maximum=0.1, jitter=0.0)
+    Receiver(options, writer).run(retry=retry, on_retry=on_retry)
+    return failures
+
+
 class _SilencedAtLookup(TypeDescriber):
     """A catalog that black-holes the network as it looks up its second table, after its
     connection is open: the lookup times out while the replication stream is alive."""
@@ -191,26 +214,12 @@ def test_a_session_failing_on_a_black_holed_network_ends_and_is_retried(
     db.execute("INSERT INTO first SELECT g, md5(g::text) FROM generate_series(1, 20) g")
     db.execute("INSERT INTO second SELECT g, md5(g::text) FROM generate_series(1, 20) g")
     end = LSN.parse(db.scalar("SELECT pg_current_wal_lsn()::text"))
-    failures: list[BaseException] = []
     with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
         monkeypatch.setattr(_SilencedAtLookup, "proxy", proxy)
         monkeypatch.setattr(_SilencedAtLookup, "lookups", 0)
         monkeypatch.setattr("pgcdc.receiver.TypeDescriber", _SilencedAtLookup)
-        options = ReceiverOptions(
-            db.conninfo(port=proxy.port),
-            "both",
-            publications=("both_pub",),
-            receive_timeout=RECEIVE_TIMEOUT,
-            end_lsn=end,
-        )
-
-        def on_retry(error: BaseException, delay: float, attempt: int) -> None:
-            failures.append(error)
-            proxy.restore()
-
-        retry = RetryPolicy(initial=0.1, maximum=0.1, jitter=0.0)
         with ChangeLogWriter(tmp_path / "log") as writer:
-            Receiver(options, writer).run(retry=retry, on_retry=on_retry)
+            failures = _receive_restoring(proxy, db, "both", end, writer)
     assert _SilencedAtLookup.lookups >= 3  # the second table was looked up again, answered
     assert [type(error) for error in failures] == [ConnectionLost], failures
     assert "second's columns got no answer within 2 s" in str(failures[0]), failures
@@ -294,23 +303,11 @@ def test_a_session_start_on_a_black_holed_network_ends_and_is_retried(
     db.execute("SELECT pg_create_logical_replication_slot('started', 'pgoutput')")
     db.execute("INSERT INTO started SELECT g, md5(g::text) FROM generate_series(1, 50) g")
     end = LSN.parse(db.scalar("SELECT pg_current_wal_lsn()::text"))
-    failures: list[BaseException] = []
-    with TcpProxy("127.0.0.1", db.cluster.port) as proxy:
-        options = ReceiverOptions(
-            db.conninfo(port=proxy.port),
-            "started",
-            publications=("started_pub",),
-            receive_timeout=RECEIVE_TIMEOUT,
-            end_lsn=end,
-        )
-
-        def on_retry(error: BaseException, delay: float, attempt: int) -> None:
-            failures.append(error)
-            proxy.restore()
-
-        retry = RetryPolicy(initial=0.1, maximum=0.1, jitter=0.0)
-        with _SilencedAtSessionStart(tmp_path / "log", proxy) as writer:
-            Receiver(options, writer).run(retry=retry, on_retry=on_retry)
+    with (
+        TcpProxy("127.0.0.1", db.cluster.port) as proxy,
+        _SilencedAtSessionStart(tmp_path / "log", proxy) as writer,
+    ):
+        failures = _receive_restoring(proxy, db, "started", end, writer)
     assert [type(error) for error in failures] == [ConnectionLost], failures
     assert "START_REPLICATION got no answer within 2 s" in str(failures[0])
     logged = [
