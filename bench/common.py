@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,63 @@ def process_tree_cpu(pid: int | None = None) -> float:
         total += ticks.get(process, 0)
         todo.extend(children.get(process, ()))
     return total / os.sysconf("SC_CLK_TCK")
+
+
+class WalsenderCpu:
+    """CPU seconds of the walsender that serves ``slot`` while the block runs: whether the
+    server, not the client, sets a drain's pace. A thread finds the walsender (the slot's
+    active_pid) and samples its /proc stat until it exits; the last sample counts, so up to
+    one interval (``every``) of its CPU may be missed: a lower bound. Needs a server on this
+    machine."""
+
+    def __init__(self, conninfo: str, slot: str, every: float = 0.02) -> None:
+        self.conninfo = conninfo
+        self.slot = slot
+        self.every = every
+        self.seconds = 0.0  # CPU seconds seen
+        self.wall = 0.0  # seconds from when the walsender was first seen to when it was gone
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="walsender-cpu", daemon=True)
+
+    def __enter__(self) -> WalsenderCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(30)
+
+    @property
+    def busy(self) -> float:
+        """The share of its life the walsender spent on a CPU (1.0: one core, saturated)."""
+        return self.seconds / self.wall if self.wall else float("nan")
+
+    def _watch(self) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            pid = None
+            while pid is None and not self._done.is_set():
+                row = conn.execute(
+                    "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                    (self.slot,),
+                ).fetchone()
+                pid = row[0] if row else None
+                if pid is None:
+                    time.sleep(self.every)
+        if pid is None:
+            return
+        started = time.perf_counter()
+        clock = os.sysconf("SC_CLK_TCK")
+        while True:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break  # it exited: the drain is over
+            fields = stat[stat.rindex(")") + 2 :].split()
+            self.seconds = (int(fields[11]) + int(fields[12])) / clock  # utime + stime
+            self.wall = time.perf_counter() - started
+            if self._done.is_set():
+                break
+            time.sleep(self.every)
 
 
 def print_figure(name: str, value: float, unit: str, baseline: float | None = None) -> None:

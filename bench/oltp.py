@@ -17,7 +17,9 @@ Each shape's WAL is drained ``--repeat`` times from separate slots, alternating:
 ``pg_recvlogical`` into /dev/null (pgoutput, the newest protocol, streaming on) and by the
 ``pgcdc`` command as users run it (``--format changelog --log DIR -E END --no-loop``); the best
 of each counts. Rows/s, transactions/s and CPU per change and per transaction are printed for
-both. With ``--pipeline``, ``pgcdc pipeline run --once`` (changelog, mirror and history) also
+both, and how busy each drain kept its walsender (the share of a core it used, and its CPU
+per transaction): near 100%, the server set the pace and no client could drain faster. With
+``--pipeline``, ``pgcdc pipeline run --once`` (changelog, mirror and history) also
 drains the tpcb WAL: its rate counts from the first change to the last landed (the Spark
 session's start is printed separately), and the mirror is checked against the source for every
 account the workload touched.
@@ -44,7 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg
 
 import pgcdc
-from common import current_lsn, pg_recvlogical_drain, print_figure, process_tree_cpu, start_cluster
+from common import (
+    WalsenderCpu,
+    current_lsn,
+    pg_recvlogical_drain,
+    print_figure,
+    process_tree_cpu,
+    start_cluster,
+)
 from pgcdc.changelog import ChangeLog
 from pgcdc.decoding.pgoutput import PgOutputOptions, max_proto_version
 from pgcdc.events import Delete, Insert, Update
@@ -197,11 +206,15 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
         ["pub"], proto_version=proto, messages=True, streaming="on" if proto >= 2 else "off"
     ).for_server(server)
 
+    # How busy each drain kept its walsender: near 1.0, the server set the pace.
+    walsender: dict[str, list[WalsenderCpu]] = {"pg_recvlogical": []}
+
     def drain(side: str, number: int, source: str | None) -> tuple[float, float]:
         log = work / f"{shape.name}-{side}-log{number}"
-        run = _pgcdc_drain(
-            conninfo, f"{shape.name}_{side}{number}", endpos, log, source, binary=args.binary
-        )
+        slot = f"{shape.name}_{side}{number}"
+        with WalsenderCpu(conninfo, slot) as sender:
+            run = _pgcdc_drain(conninfo, slot, endpos, log, source, binary=args.binary)
+        walsender.setdefault(side, []).append(sender)
         logged = _logged(log)
         if logged != (transactions, changes):
             raise SystemExit(
@@ -217,10 +230,11 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
         runs["before"] = []
     for number in range(args.repeat):
         cpu = _cpu_children()
-        seconds = pg_recvlogical_drain(
-            cluster, dbname, f"{shape.name}_recv{number}", endpos, options
-        )
+        slot = f"{shape.name}_recv{number}"
+        with WalsenderCpu(conninfo, slot) as sender:
+            seconds = pg_recvlogical_drain(cluster, dbname, slot, endpos, options)
         recv_runs.append((seconds, _cpu_children() - cpu))
+        walsender["pg_recvlogical"].append(sender)
         runs["pgcdc"].append(drain("pgcdc", number, args.this_src))
         if args.before_src:
             runs["before"].append(drain("before", number, args.before_src))
@@ -256,6 +270,10 @@ def run_shape(cluster: LocalCluster, shape: Shape, args: argparse.Namespace, wor
         print_figure(f"{name} CPU per transaction", cpus[0] / transactions * 1e6, "us")
         print("   its CPU per transaction run by run: "
               + ", ".join(f"{c / transactions * 1e6:.1f}" for c in cpus) + " us")  # fmt: skip
+    for name, servers in walsender.items():
+        print(f"   walsender busy while {name} drained, run by run: "
+              + ", ".join(f"{w.busy:.0%} ({w.seconds / transactions * 1e6:.1f} us/txn)"
+                          for w in servers))  # fmt: skip
     # What the command costs before its first change (imports, connections, the log opened),
     # and its CPU per transaction without it: the share a longer drain would spread thinner.
     print_figure("pgcdc start-up CPU (a drain of one message)", startup_cpu * 1e3, "ms")
