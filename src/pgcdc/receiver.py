@@ -626,7 +626,10 @@ class Receiver:
     def _invalidation_reason(self) -> str | None:
         """The slot's invalidation reason from the catalog, None when it cannot be read."""
         try:
-            with connect(self.options.conninfo) as conn:
+            with (
+                connect(self.options.conninfo) as conn,
+                answered_within(conn, self.options.receive_timeout or None, "the slot lookup"),
+            ):
                 slot = get_slot(conn, self.options.slot)
         except (errors.PgcdcError, psycopg.Error):
             return None
