@@ -38,6 +38,7 @@ import logging
 import queue
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -81,6 +82,7 @@ __all__ = [
     "COPY_FORMATS",
     "DEFAULT_CHUNK_PAGES",
     "Chunk",
+    "SnapshotProgress",
     "SnapshotResult",
     "SnapshotTable",
     "copy_query",
@@ -97,6 +99,7 @@ DEFAULT_CHUNK_PAGES = 4096  # 32 MB of heap per COPY with 8 kB pages
 BATCH_ROWS = 1000  # rows per queue item: amortises queue locking, bounds memory with the queue
 BATCH_BYTES = 1 << 20
 QUEUE_BATCHES_PER_WORKER = 2
+PROGRESS_SECONDS = 10.0  # between progress reports of a long copy
 _log = logging.getLogger(__name__)
 APPLICATION_NAME = "pgcdc snapshot"
 # "auto": binary format for every table whose column types all have binary decoders, text for
@@ -463,6 +466,47 @@ class SnapshotResult:
     snapshot_name: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotProgress:
+    """How far a snapshot's copy has got. ``pages`` is the planned size of its tables in 8 kB
+    pages (pg_class.relpages, an estimate: ANALYZE and VACUUM keep it fresh); the share of
+    pages copied paces the estimate of the time left, as rows are counted only once read."""
+
+    rows: int
+    bytes: int  # COPY bytes read (text or binary format)
+    chunks_done: int
+    chunks: int
+    pages_done: int
+    pages: int
+    seconds: float  # since the copy began
+
+    @property
+    def remaining_seconds(self) -> float | None:
+        """At the pace so far; None before the first chunk is done."""
+        if not self.pages_done or not self.seconds:
+            return None
+        return max(self.seconds * (self.pages - self.pages_done) / self.pages_done, 0.0)
+
+    def __str__(self) -> str:
+        rate = self.rows / self.seconds if self.seconds else 0.0
+        text = (
+            f"{self.rows:,} rows ({self.bytes / 1e6:,.1f} MB) copied in {self.seconds:,.1f} s "
+            f"({rate:,.0f} rows/s); {self.chunks_done} of {self.chunks} chunks, "
+            f"{self.pages_done / self.pages if self.pages else 1.0:.0%} of the pages"
+        )
+        left = self.remaining_seconds
+        if left is not None and self.chunks_done < self.chunks:
+            text += f"; about {left:,.0f} s left"
+        return text
+
+
+def _chunk_pages(chunk: Chunk) -> int:
+    """The pages a chunk covers as planned (at least 1, so an empty table's chunk counts)."""
+    first = chunk.first_page or 0
+    end = chunk.table.pages if chunk.end_page is None else chunk.end_page
+    return max(end - first, 1)
+
+
 _DONE = object()
 
 
@@ -490,6 +534,11 @@ class _Copier:
         self.stop = threading.Event()
         self.rows = 0
         self.bytes = 0
+        self.chunk_count = len(chunks)
+        self.chunks_done = 0
+        self.pages = sum(map(_chunk_pages, chunks))
+        self.pages_done = 0
+        self.started = time.monotonic()
         self.count_lock = threading.Lock()
         self.connections: set[psycopg.Connection[Any]] = set()
         self.threads = [
@@ -566,15 +615,37 @@ class _Copier:
             with self.count_lock:
                 self.rows += rows + len(batch)
                 self.bytes += total + size
+                self.chunks_done += 1
+                self.pages_done += _chunk_pages(chunk)
+
+    def progress(self) -> SnapshotProgress:
+        """What the workers have copied so far (whole chunks)."""
+        with self.count_lock:
+            return SnapshotProgress(
+                rows=self.rows,
+                bytes=self.bytes,
+                chunks_done=self.chunks_done,
+                chunks=self.chunk_count,
+                pages_done=self.pages_done,
+                pages=self.pages,
+                seconds=time.monotonic() - self.started,
+            )
 
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
 
-    def events(self) -> Iterator[Event]:
-        """The Inserts of every worker, as they arrive; raises the first worker error."""
+    def events(
+        self, on_progress: Callable[[SnapshotProgress], None] | None = None
+    ) -> Iterator[Event]:
+        """The Inserts of every worker, as they arrive; raises the first worker error.
+        ``on_progress`` is told how far the copy has got every ``PROGRESS_SECONDS``."""
         running = len(self.threads)
+        due = time.monotonic() + PROGRESS_SECONDS
         while running:
+            if on_progress is not None and time.monotonic() >= due:
+                on_progress(self.progress())
+                due = time.monotonic() + PROGRESS_SECONDS
             item = self.results.get()
             if item is _DONE:
                 running -= 1
@@ -654,6 +725,7 @@ def take_snapshot(
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
     failover: bool = False,
     copy_format: str = "auto",
+    on_progress: Callable[[SnapshotProgress], None] | None = None,
 ) -> SnapshotResult:
     """Create ``slot`` and store every row it will not stream as one transaction in ``sink``.
 
@@ -663,6 +735,8 @@ def take_snapshot(
     ``session_settings`` must be the receiver's (``ReceiverOptions.session_settings``), so
     that values come out as its walsender prints them. ``failover``: create it as a failover
     slot where the server supports them (17+), so physical standbys keep a copy.
+    ``on_progress`` is told how far the copy has got every ``PROGRESS_SECONDS`` and at its
+    end (a copy of a large table takes hours).
     """
     if isinstance(publications, str) or isinstance(tables, str):
         raise InvalidOption("tables and publications are sequences of names, not one string")
@@ -698,6 +772,7 @@ def take_snapshot(
                 chunk_pages=chunk_pages,
                 session_settings=session_settings,
                 copy_format=copy_format,
+                on_progress=on_progress,
             )
         except BaseException as error:
             error.add_note(_drop_slot(exporter, slot))
@@ -719,6 +794,7 @@ def _copy(
     session_settings: Mapping[str, str] | None,
     copy_format: str = "auto",
     truncate: bool = False,
+    on_progress: Callable[[SnapshotProgress], None] | None = None,
 ) -> SnapshotResult:
     """Copy the tables under the exported snapshot into one synthetic transaction in
     ``sink`` at ``consistent_point - 1``; ``truncate``: a ``Truncate`` of them comes first
@@ -765,7 +841,7 @@ def _copy(
             yield Relation(lsn, spec.table)
         if truncate and specs:
             yield Truncate(lsn, tuple(spec.table for spec in specs))
-        yield from copier.events()
+        yield from copier.events(on_progress)
 
     copier.start()
     try:
@@ -784,6 +860,8 @@ def _copy(
     finally:
         copier.close()
     sink.flush()
+    if on_progress is not None:
+        on_progress(copier.progress())
     return SnapshotResult(
         consistent_point=lsn,
         tables=tuple(s.table for s in specs),
@@ -804,6 +882,7 @@ def recopy_tables(
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
     copy_format: str = "auto",
+    on_progress: Callable[[SnapshotProgress], None] | None = None,
 ) -> SnapshotResult | None:
     """Replace ``tables`` in ``sink`` by their rows at a new consistent point C.
 
@@ -837,6 +916,7 @@ def recopy_tables(
             session_settings=session_settings,
             copy_format=copy_format,
             truncate=True,
+            on_progress=on_progress,
         )
     finally:
         exporter.close()

@@ -41,6 +41,8 @@ def test_snapshot_then_stream_fills_one_log(db: Database, tmp_path: Path) -> Non
         )
         db.execute("INSERT INTO filler SELECT repeat('f', 1000) FROM generate_series(1, 6000)")
         assert process.wait(timeout=120) == 0, process.stderr.read()
+        # How the copy went, on stderr.
+        assert "snapshot: 500 rows (" in process.stderr.read()
     txns = list(ChangeLog(log).read_transactions())
     assert txns[0].end_lsn == consistent_point
     assert sum(isinstance(e, Insert) for e in txns[0].events) == 500

@@ -4,6 +4,7 @@ and the slot and exported snapshot handled as the server requires."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections import Counter
@@ -12,12 +13,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from pgcdc import snapshot as snapshot_module
 from pgcdc.changelog import ChangeLog
 from pgcdc.decoding.values import row_to_python
 from pgcdc.errors import PublicationNotFound, SlotAlreadyExists, SnapshotError
 from pgcdc.events import Insert, Relation, ReplicaIdentity, Table
 from pgcdc.localpg import wait_until
-from pgcdc.snapshot import plan_chunks, snapshot_tables, take_snapshot
+from pgcdc.snapshot import SnapshotProgress, plan_chunks, snapshot_tables, take_snapshot
 from tests.conftest import Database
 
 from .helpers import (
@@ -382,3 +384,38 @@ def test_a_failing_sink_leaves_no_slot_no_rows_and_no_workers(db: Database, tmp_
             )
         )
     )
+
+
+def test_progress_is_reported_while_copying_and_at_the_end(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long copy says how far it has got (rows, bytes, chunks, pages, time left) as it goes,
+    and where it ended."""
+    with db.connect() as conn:
+        conn.execute(
+            "CREATE TABLE big (id bigint PRIMARY KEY, pad text);"
+            "INSERT INTO big SELECT g, repeat(md5(g::text), 12) FROM generate_series(1, 20000) g;"
+            "CREATE PUBLICATION pub FOR TABLE big"
+        )
+    db.execute("VACUUM ANALYZE big")  # relpages, which the plan counts pages by
+    monkeypatch.setattr(snapshot_module, "PROGRESS_SECONDS", 0.0)  # a report at every batch
+    reports: list[SnapshotProgress] = []
+    with ChangeLog(tmp_path).writer() as log:
+        take_snapshot(
+            db.conninfo(), slot="s", sink=log, publications=["pub"], workers=2, chunk_pages=100,
+            on_progress=reports.append,
+        )  # fmt: skip
+    final = reports[-1]
+    assert final.rows == 20000 and final.chunks_done == final.chunks >= 10
+    assert final.pages_done == final.pages >= 1000
+    assert final.bytes > 20000 * 12 * 32  # each row's pad alone is 384 bytes
+    during = reports[:-1]
+    assert during and any(0 < r.chunks_done < r.chunks for r in during), during
+    for before, after in itertools.pairwise(reports):
+        assert (before.rows, before.bytes, before.chunks_done, before.pages_done) <= (
+            after.rows, after.bytes, after.chunks_done, after.pages_done
+        )  # fmt: skip
+    halfway = next(r for r in during if 0 < r.chunks_done < r.chunks)
+    assert halfway.remaining_seconds is not None and halfway.remaining_seconds >= 0
+    assert "about" in str(halfway) and "s left" in str(halfway)
+    assert str(final).startswith("20,000 rows (") and "left" not in str(final)

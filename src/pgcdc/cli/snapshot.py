@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             workers=args.workers,
             chunk_pages=args.chunk_pages,
             copy_format=args.copy_format,
+            # How a long copy goes, on stderr (stdout says what was done).
+            on_progress=lambda progress: info(f"snapshot: {progress}"),
         )
         print(
             f"snapshot: {len(result.tables)} tables, {result.rows} rows at "

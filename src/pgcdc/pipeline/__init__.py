@@ -568,6 +568,7 @@ def recopy(
         drain_to=drain_to,
         workers=settings.snapshot_workers,
         copy_format=settings.snapshot_copy_format,
+        on_progress=lambda progress: log.info("re-copy: %s", progress),
     )
     if result is None:
         return False
@@ -723,6 +724,7 @@ def initial_snapshot(
         workers=settings.snapshot_workers,
         failover=settings.failover and not standby,
         copy_format=settings.snapshot_copy_format,
+        on_progress=lambda progress: log.info("initial snapshot: %s", progress),
     )
     writer.flush()
     log.info(
