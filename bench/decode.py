@@ -16,8 +16,9 @@ Decoding is measured to events (``PgOutputDecoder``, from ``bytes`` and from the
 path: every message of the captured stream decoded, changes straight to typed Arrow, in
 chunks of ARROW_BATCH_ROWS messages), and ``rows_to_arrow`` (the Spark executors' path) from
 tuples (row by row, per value) and from the ``EncodedRow``s the change log hands out (column
-by column). Lazy rows (``lazy_rows=True``, what the receiver uses) only walk the tuple
-framing; ``decode_many`` gives the same events, checking the framing of whole runs with numpy.
+by column). Rows are ``EncodedRow``s, as the receiver keeps them: the decoder checks their
+column count and walks one only to find the row after it; ``decode_many`` gives the same
+events, reading the framing of whole runs with numpy.
 Target (issue 3): decoding to typed values at 3x the walsender's rate or better.
 
     python3 bench/decode.py [--rows 200000] [--version 18] [--repeat 3] [--binary]
@@ -206,10 +207,6 @@ def main() -> None:
             drain_stream(conninfo, "stream", pairs, messages, PgOutputDecoder(proto_version=2))
             for _ in range(repeat)
         )
-        lazy = PgOutputDecoder(proto_version=2, lazy_rows=True)
-        stream_lazy_seconds = min(
-            drain_stream(conninfo, "stream", pairs, messages, lazy) for _ in range(repeat)
-        )
         views = capture_payload_views(conninfo, "stream", pairs, messages)
     finally:
         cluster.destroy()
@@ -233,21 +230,12 @@ def main() -> None:
         walsender,
     )
 
-    print_figure(
-        "walsender -> pgcdc stream -> decode, lazy rows",
-        messages / stream_lazy_seconds,
-        "msg/s",
-        walsender,
-    )
-
     events: list[Event] = []
     decoder = PgOutputDecoder(proto_version=2)
 
-    def decode_all(
-        payloads: list[tuple[LSN, bytes]] | list[tuple[LSN, memoryview]], lazy: bool = False
-    ) -> None:
+    def decode_all(payloads: list[tuple[LSN, bytes]] | list[tuple[LSN, memoryview]]) -> None:
         nonlocal decoder
-        decoder = PgOutputDecoder(proto_version=2, lazy_rows=lazy)
+        decoder = PgOutputDecoder(proto_version=2)
         decode_one = decoder.decode_one
         events[:] = [decode_one(payload, lsn) for lsn, payload in payloads]
 
@@ -258,25 +246,19 @@ def main() -> None:
     print_figure(
         "decode to events (memoryview payloads)", messages / view_seconds, "msg/s", walsender
     )
-    lazy_seconds = best_of(repeat, lambda: decode_all(views_stream, lazy=True))
-    lazy_rows = change_rows(events)
-    print_figure(
-        "decode to events, lazy rows (memoryviews)", messages / lazy_seconds, "msg/s", walsender
-    )
+    encoded_rows = change_rows(events)
 
     def many_events() -> None:
-        many_decoder = PgOutputDecoder(proto_version=2, lazy_rows=True)
+        many_decoder = PgOutputDecoder(proto_version=2)
         for first in range(0, messages, ARROW_BATCH_ROWS):
             chunk = views_stream[first : first + ARROW_BATCH_ROWS]
             decode_many(many_decoder, [p for _, p in chunk], [lsn for lsn, _ in chunk])
 
     many_seconds = best_of(repeat, many_events)
-    print_figure(
-        "decode to events, lazy rows (decode_many)", messages / many_seconds, "msg/s", walsender
-    )
+    print_figure("decode to events (decode_many)", messages / many_seconds, "msg/s", walsender)
 
     registry = TypeRegistry(decoder.state.types)
-    # Tuples of raw values (what a non-lazy decoder gives): the row-by-row, per-value path.
+    # Tuples of raw values: the row-by-row, per-value path.
     rows = [(table, tuple(row)) for table, row in change_rows(events)]
 
     def typed_python() -> None:
@@ -289,7 +271,7 @@ def main() -> None:
 
     def columnar_batches() -> int:
         """Every message, ARROW_BATCH_ROWS at a time, to events and typed Arrow batches."""
-        batch_decoder = PgOutputDecoder(proto_version=2, lazy_rows=True)
+        batch_decoder = PgOutputDecoder(proto_version=2)
         changes = 0
         for first in range(0, messages, ARROW_BATCH_ROWS):
             chunk = views_stream[first : first + ARROW_BATCH_ROWS]
@@ -321,7 +303,7 @@ def main() -> None:
     )
     print_figure("  rows_to_arrow alone (tuples, row by row)", len(rows) / arrow_seconds, "rows/s")
     # Fresh EncodedRows each run: what an executor gets from the change log (nothing cached).
-    encoded = [(t, EncodedRow(r.data)) for t, r in lazy_rows if isinstance(r, EncodedRow)]
+    encoded = [(t, EncodedRow(r.data)) for t, r in encoded_rows if isinstance(r, EncodedRow)]
     assert len(encoded) == len(rows)
     fresh: list[tuple[Table, Row]] = []
 

@@ -140,8 +140,7 @@ def replay_once(saved: dict[str, Any], profile: Path | None) -> tuple[float, int
         recv = receiver.Receiver(options, sink)
         recv._types.describe_relation = lambda table: table  # type: ignore[method-assign]
         decoder = PgOutputDecoder.for_options(
-            PgOutputOptions(["pub"], proto_version=saved["proto"], messages=True),
-            lazy_rows="unchecked",
+            PgOutputOptions(["pub"], proto_version=saved["proto"], messages=True)
         )
         stream = _Stream(_batches(messages))
         recv._policy.resume(sink.flush())

@@ -62,9 +62,10 @@ class EncodedRow(Sequence[RawValue]):
 
     It behaves as the tuple of its raw values (length, indexing, iteration, equality with
     tuples and other rows, hash, repr) and pickles as its bytes. ``len`` reads the column count
-    without decoding. Decoding checks the bytes (a malformed row raises ``DecodeError``); the
-    pgoutput decoder checks them before it makes one, except with ``lazy_rows="unchecked"``,
-    whose rows the change log writer checks before it keeps them.
+    without decoding. Decoding checks the bytes: a malformed row raises ``DecodeError``. The
+    pgoutput decoder checks only a row's column count, so that the receiver never walks rows
+    it only logs; the change log writer checks every row of a batch at once before it keeps
+    them, and any other consumer gets the error when it reads the row.
     """
 
     __slots__ = ("_data", "_values")

@@ -55,12 +55,7 @@ from pgcdc.connection.protocol import XLogData
 from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
 from pgcdc.connection.sql import get_slot
 from pgcdc.decoding import Decoder
-from pgcdc.decoding.pgoutput import (
-    LazyRows,
-    PgOutputDecoder,
-    PgOutputOptions,
-    max_proto_version,
-)
+from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, max_proto_version
 from pgcdc.errors import InvalidOption, SlotInUse, SlotNotFound, SlotNotSynced
 from pgcdc.events import (
     Delete,
@@ -534,10 +529,9 @@ class Receiver:
                 two_phase=options.two_phase,
             )
             plugin_options = {**pg.for_server(version), **options.plugin_options}
-            # Lazy rows: the change log stores rows as the wire bytes, never decoded here; it
-            # checks them itself, many at once, so the decoder need not walk them.
-            lazy: LazyRows = "unchecked" if getattr(self.sink, "checks_rows", False) else True
-            return plugin_options, PgOutputDecoder.for_options(pg, lazy_rows=lazy)
+            # Rows stay wire bytes, never decoded here: the sink checks them (the change log,
+            # many at once) or reads them (DecodeError on a malformed one).
+            return plugin_options, PgOutputDecoder.for_options(pg)
         plugin_options = {"include-xids": "1", "include-timestamp": "1"}
         if options.two_phase:
             plugin_options["two-phase-commit"] = "1"
@@ -737,11 +731,7 @@ class Receiver:
         # Row changes whose message starts like the one before it (same kind, table, tuple
         # marker and width) join it in a RowRun as their rows' bytes, with no decoding, for a
         # sink that takes them. The run is fed when a message does not join it.
-        runs = (
-            type(decoder) is PgOutputDecoder
-            and decoder.lazy_rows == "unchecked"
-            and getattr(self.sink, "accepts_row_runs", False)
-        )
+        runs = type(decoder) is PgOutputDecoder and getattr(self.sink, "accepts_row_runs", False)
         run_first: Insert | Update | Delete | None = None
         run_kind = 0  # the message type of the run's first change
         # The run's first message; the prefix the others must share is taken from it when a

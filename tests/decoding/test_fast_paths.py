@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from pgcdc.decoding import arrow
 from pgcdc.decoding.arrow import rows_to_arrow
-from pgcdc.decoding.pgoutput import LazyRows, PgOutputDecoder, PgOutputOptions
+from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.errors import DecodeError
 from pgcdc.events import (
     UNCHANGED_TOAST,
@@ -103,11 +103,14 @@ def test_changes_from_bytes_and_memoryview_equal_constructed_events(
     for number, row in enumerate(changes):
         lsn = LSN(100 + number)
         tuple_data = encode_tuple(row)
+        encoded = EncodedRow(tuple_data)  # the row pgoutput decodes to
         messages = {
-            b"I" + oid + b"N" + tuple_data: Insert(lsn, table, row),
-            b"U" + oid + b"O" + tuple_data + b"N" + tuple_data: Update(lsn, table, row, row, False),
-            b"U" + oid + b"N" + tuple_data: Update(lsn, table, row),
-            b"D" + oid + b"K" + tuple_data: Delete(lsn, table, row, True),
+            b"I" + oid + b"N" + tuple_data: Insert(lsn, table, encoded),
+            b"U" + oid + b"O" + tuple_data + b"N" + tuple_data: Update(
+                lsn, table, encoded, encoded, False
+            ),
+            b"U" + oid + b"N" + tuple_data: Update(lsn, table, encoded),
+            b"D" + oid + b"K" + tuple_data: Delete(lsn, table, encoded, True),
         }
         for payload, expected in messages.items():
             from_bytes = decoders[0].decode_one(payload, lsn)
@@ -123,17 +126,16 @@ def test_changes_from_bytes_and_memoryview_equal_constructed_events(
     st.lists(rows.filter(lambda r: len(r) == 4), min_size=1, max_size=4),
     st.none() | st.integers(0, (1 << 32) - 1),
 )
-def test_updates_decode_alike_in_every_row_mode(
+def test_updates_with_a_new_row_alone_decode_as_constructed(
     changes: list[tuple[RawValue, ...]], stream_xid: int | None
 ) -> None:
-    """An Update with its new row alone, read inline in the receiver's unchecked mode, equals
-    what the checked modes read, in and outside a stream block; a wrong width fails alike."""
-    modes: tuple[LazyRows, ...] = (False, True, "unchecked")
+    """An Update with its new row alone, read inline, equals the Update built from its values
+    (its row the new row's bytes), in and outside a stream block, as does the same Update
+    with an old key before it (read through ``_row`` and ``_last_row``); a wrong width fails
+    alike in both."""
     decoders = [
-        PgOutputDecoder.for_options(
-            PgOutputOptions(["p"], proto_version=2, streaming="on"), lazy_rows=mode
-        )
-        for mode in modes
+        PgOutputDecoder.for_options(PgOutputOptions(["p"], proto_version=2, streaming="on"))
+        for _ in range(2)
     ]
     prefix = b"U"
     for decoder in decoders:
@@ -145,19 +147,28 @@ def test_updates_decode_alike_in_every_row_mode(
     oid = struct.pack("!I", TABLE_OID)
     for number, row in enumerate(changes):
         lsn = LSN(100 + number)
-        payload = prefix + oid + b"N" + encode_tuple(row)
-        expected = Update(lsn, table, row, None, False, stream_xid)
-        for decoder in decoders:
-            event = decoder.decode_one(memoryview(payload), lsn)
-            assert event == expected
-            assert type(event.new) is (tuple if decoder.lazy_rows is False else EncodedRow)
-            assert event.xid == stream_xid
-        narrow = prefix + oid + b"N" + encode_tuple(row[:3])
+        key = encode_tuple((row[0], None, None, None))
+        alone = prefix + oid + b"N" + encode_tuple(row)
+        keyed = prefix + oid + b"K" + key + b"N" + encode_tuple(row)
+        new_only = decoders[0].decode_one(memoryview(alone), lsn)
+        assert new_only == Update(lsn, table, row, None, False, stream_xid)
+        with_key = decoders[1].decode_one(memoryview(keyed), lsn)
+        assert with_key == Update(lsn, table, row, (row[0], None, None, None), True, stream_xid)
+        for event in (new_only, with_key):
+            assert isinstance(event, Update) and type(event.new) is EncodedRow
+            assert event.new.data == encode_tuple(row) and event.xid == stream_xid
         complaints = []
-        for decoder in decoders:
+        for decoder, narrow in zip(
+            decoders,
+            (
+                prefix + oid + b"N" + encode_tuple(row[:3]),
+                prefix + oid + b"K" + key + b"N" + encode_tuple(row[:3]),
+            ),
+            strict=True,
+        ):
             with pytest.raises(DecodeError) as failed:
                 decoder.decode_one(narrow, lsn)
-            complaints.append(str(failed.value))
+            complaints.append(str(failed.value).rsplit("): ", 1)[1])  # after the message's head
         assert len(set(complaints)) == 1, complaints
 
 
@@ -211,14 +222,21 @@ def test_bad_begin_and_commit_are_decode_errors(payload: bytes, complaint: str) 
 
 
 def test_bad_column_kind_names_the_problem() -> None:
+    """When the row is read (an Insert's is not walked at decode time), and at decode time when
+    the decoder must walk it (an Update's old key)."""
     decoder = PgOutputDecoder()
     decoder.decode_one(relation(2), LSN(1))
-    payload = b"I" + struct.pack("!I", TABLE_OID) + b"N\0\2nx"
-    with pytest.raises(DecodeError, match="unknown column kind"):
-        decoder.decode_one(payload, LSN(2))
-    long = b"I" + struct.pack("!I", TABLE_OID) + b"N\0\2t\0\0\1\0abc"
-    with pytest.raises(DecodeError, match="runs past the end"):
-        decoder.decode_one(long, LSN(2))
+    oid = struct.pack("!I", TABLE_OID)
+    for row, complaint in (
+        (b"\0\2nx", "unknown column kind"),
+        (b"\0\2t\0\0\1\0abc", "past the end"),
+    ):
+        event = decoder.decode_one(b"I" + oid + b"N" + row, LSN(2))
+        assert isinstance(event, Insert)
+        with pytest.raises(DecodeError, match=complaint):
+            tuple(event.new)
+        with pytest.raises(DecodeError, match=complaint):
+            decoder.decode_one(b"U" + oid + b"K" + row + b"N\0\2nn", LSN(2))
 
 
 # --- real streams -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""EncodedRow and pgoutput's lazy rows: the wire bytes behave as the tuple of their values,
-lazy decoding agrees with eager decoding event for event, and bad input still fails at decode
-time with a DecodeError (byte fixtures, generated and garbled rows, real PG15/PG18 streams)."""
+"""EncodedRow, the one row form of pgoutput changes: the wire bytes behave as the tuple of their
+values, hold exactly the row's TupleData, and bad input fails with a DecodeError at decode time
+(what the decoder must walk: column counts, an Update's old row) or when the row is first read
+or checked as part of a batch (byte fixtures, generated rows, real PG15/PG18 streams)."""
 
 from __future__ import annotations
 
@@ -9,29 +10,30 @@ import struct
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.decoding.arrow import rows_to_arrow
+from pgcdc.decoding.columnar import first_unreadable_row
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, Streaming
-from pgcdc.decoding.state import DecoderState
 from pgcdc.decoding.values import row_to_python
 from pgcdc.errors import DecodeError, InvalidRowValue
 from pgcdc.events import (
     UNCHANGED_TOAST,
     Delete,
     EncodedRow,
-    Event,
     Insert,
     RawValue,
     Update,
     encode_tuple_data,
 )
 from pgcdc.lsn import LSN
+from pgcdc.tupledata import read_tuple_reference
 from tests.conftest import examples
 from tests.decoding.test_fast_paths import TABLE_OID, encode_tuple, relation, rows
-from tests.decoding.test_pgoutput_fuzz import CASES, mutate, mutation
+from tests.decoding.test_pgoutput_fuzz import CASES
 
 AT = LSN(0x16_0000_0000)
 
@@ -84,98 +86,95 @@ def test_values_that_are_not_raw_are_a_typed_error() -> None:
         EncodedRow.from_values(("1", 5))  # type: ignore[arg-type]
 
 
-# --- lazy decoding agrees with eager decoding ----------------------------------------------
+# --- pgoutput rows are EncodedRows, checked by their consumer ------------------------------
 
 
-def _outcome(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | type[DecodeError]:
-    try:
-        return decoder.decode(payload, AT)
-    except DecodeError:
-        return DecodeError
+def _decoder(width: int) -> PgOutputDecoder:
+    decoder = PgOutputDecoder()
+    decoder.decode(relation(width), AT)
+    return decoder
 
 
-def _pair(proto: int, state: DecoderState) -> tuple[PgOutputDecoder, PgOutputDecoder]:
-    streaming: Streaming | None = "parallel" if proto == 4 else None
-    return (
-        PgOutputDecoder(state.copy(), proto_version=proto, streaming=streaming),
-        PgOutputDecoder(state.copy(), proto_version=proto, streaming=streaming, lazy_rows=True),
-    )
-
-
-def test_fixtures_decode_lazily_to_the_same_events() -> None:
+def test_fixture_rows_are_encoded_rows_the_reference_reads_alike() -> None:
+    """Every row of the byte fixtures is an EncodedRow holding exactly one TupleData: the
+    reference reads it to its end, to the values the row gives."""
     rows_seen = 0
     for proto, state, payload in CASES:
-        eager, lazy = _pair(proto, state)
-        expected = _outcome(eager, payload)
-        got = _outcome(lazy, payload)
-        assert got == expected
-        if isinstance(got, list):
-            for event in got:
-                for row in (getattr(event, "new", None), getattr(event, "old", None)):
-                    if row is not None:
-                        assert type(row) is EncodedRow
-                        rows_seen += 1
+        streaming: Streaming | None = "parallel" if proto == 4 else None
+        decoder = PgOutputDecoder(state.copy(), proto_version=proto, streaming=streaming)
+        try:
+            events = decoder.decode(payload, AT)
+        except DecodeError:
+            continue
+        for event in events:
+            for row in (getattr(event, "new", None), getattr(event, "old", None)):
+                if row is None:
+                    continue
+                assert type(row) is EncodedRow
+                try:
+                    values, end = read_tuple_reference(row.data)
+                except DecodeError:
+                    with pytest.raises(DecodeError):
+                        tuple(row)
+                    continue
+                if end == len(row.data):
+                    assert row == values
+                    rows_seen += 1
+                else:
+                    with pytest.raises(DecodeError, match="unexpected trailing bytes"):
+                        tuple(row)
     assert rows_seen > 10
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=st.sampled_from(CASES), steps=st.lists(mutation, min_size=1, max_size=4))
-def test_mutated_payloads_decode_lazily_like_eagerly(
-    case: tuple[int, DecoderState, bytes], steps: list[tuple[str, int, int]]
-) -> None:
-    proto, state, payload = case
-    garbled = mutate(payload, steps)
-    eager, lazy = _pair(proto, state)
-    assert _outcome(lazy, garbled) == _outcome(eager, garbled)
-
-
-def _decoders(width: int) -> tuple[PgOutputDecoder, PgOutputDecoder]:
-    eager, lazy = PgOutputDecoder(), PgOutputDecoder(lazy_rows=True)
-    for decoder in (eager, lazy):
-        decoder.decode(relation(width), AT)
-    return eager, lazy
-
-
 def test_ascii_rows_stay_undecoded_until_read() -> None:
-    _, lazy = _decoders(3)
+    decoder = _decoder(3)
     payload = b"I" + struct.pack("!I", TABLE_OID) + b"N" + encode_tuple(("1", None, "abc"))
-    event = lazy.decode_one(memoryview(payload), AT)
+    event = decoder.decode_one(memoryview(payload), AT)
     assert isinstance(event, Insert) and type(event.new) is EncodedRow
     assert event.new._values is None  # nothing decoded yet
     assert event.new == ("1", None, "abc")
     assert event.new._values == ("1", None, "abc")
 
 
-def test_bad_utf8_fails_at_decode_time() -> None:
-    eager, lazy = _decoders(2)
+def test_bad_utf8_fails_at_first_use_and_in_the_batch_check() -> None:
+    decoder = _decoder(2)
     bad = b"I" + struct.pack("!I", TABLE_OID) + b"N\x00\x02t\x00\x00\x00\x02\xc3\x28n"
-    for decoder in (eager, lazy):
-        with pytest.raises(DecodeError, match="malformed pgoutput Insert"):
-            decoder.decode_one(bad, AT)
+    event = decoder.decode_one(bad, AT)
+    assert isinstance(event, Insert) and type(event.new) is EncodedRow
+    with pytest.raises(DecodeError, match="text value of column 1 of 2 is not UTF-8"):
+        tuple(event.new)
+    found = first_unreadable_row(pa.array([encode_tuple(("a", "b")), event.new.data]))
+    assert found is not None and found[0] == 1 and "not UTF-8" in found[1]
 
 
-def test_width_mismatch_and_trailing_bytes_fail_at_decode_time() -> None:
-    _, lazy = _decoders(2)
+def test_width_mismatch_fails_at_decode_time_and_trailing_bytes_at_first_use() -> None:
+    decoder = _decoder(2)
     head = b"I" + struct.pack("!I", TABLE_OID) + b"N"
     with pytest.raises(DecodeError, match="has 3 columns but the Relation"):
-        lazy.decode_one(head + encode_tuple(("1", "2", "3")), AT)
-    with pytest.raises(DecodeError, match="unexpected trailing bytes"):
-        lazy.decode_one(head + encode_tuple(("1", "2")) + b"x", AT)
+        decoder.decode_one(head + encode_tuple(("1", "2", "3")), AT)
+    trailing = decoder.decode_one(head + encode_tuple(("1", "2")) + b"x", AT)
+    assert isinstance(trailing, Insert)
+    with pytest.raises(DecodeError, match="1 unexpected trailing bytes"):
+        tuple(trailing.new)
+    # An Update's old row is walked to find the new one: a cut one fails at decode time.
     update = b"U" + struct.pack("!I", TABLE_OID) + b"K" + encode_tuple(("1", None))[:-1]
-    with pytest.raises(DecodeError):
-        lazy.decode_one(update + b"N" + encode_tuple(("1", "2")), AT)
+    with pytest.raises(DecodeError, match="malformed pgoutput Update"):
+        decoder.decode_one(update + b"N" + encode_tuple(("1", "2")), AT)
 
 
 @settings(max_examples=examples(200), deadline=None)
 @given(st.lists(rows.filter(lambda r: len(r) == 4), min_size=2, max_size=2))
 def test_update_old_and_new_rows_split_where_they_end(pair: list[tuple[RawValue, ...]]) -> None:
-    eager, lazy = _decoders(4)
+    decoder = _decoder(4)
+    table = decoder.state.relations[TABLE_OID]
     old, new = pair
     payload = b"U" + struct.pack("!I", TABLE_OID)
     payload += b"O" + encode_tuple(old) + b"N" + encode_tuple(new)
-    event = lazy.decode_one(payload, AT)
-    assert event == eager.decode_one(payload, AT)
-    assert isinstance(event, Update) and event.old == old and event.new == new
+    event = decoder.decode_one(payload, AT)
+    assert event == Update(AT, table, new, old, False)
+    assert isinstance(event, Update) and event.old is not None
+    assert event.old.data == encode_tuple(old)  # type: ignore[attr-defined]
+    assert event.new.data == encode_tuple(new)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("binary", [False, True])
@@ -201,10 +200,8 @@ def test_real_streams_decode_lazily_to_the_same_events(db: Any, binary: bool) ->
         "VARIADIC %s::text[])",
         (flat,),
     )
-    eager, lazy = PgOutputDecoder(), PgOutputDecoder(lazy_rows=True)
-    expected = [eager.decode_one(bytes(data), LSN.parse(lsn)) for lsn, data in changes]
-    events = [lazy.decode_one(memoryview(data), LSN.parse(lsn)) for lsn, data in changes]
-    assert events == expected
+    decoder = PgOutputDecoder()
+    events = [decoder.decode_one(memoryview(data), LSN.parse(lsn)) for lsn, data in changes]
     changed = [e for e in events if isinstance(e, Insert | Update | Delete)]
     assert [type(e).__name__ for e in changed] == ["Insert"] * 3 + ["Update", "Delete"]
     for event in changed:
@@ -217,13 +214,14 @@ def test_real_streams_decode_lazily_to_the_same_events(db: Any, binary: bool) ->
         b"gr\xc3\xbc\xc3\x9fe \xe2\x9c\x93 \xf0\x9d\x84\x9e" if binary else "grüße ✓ 𝄞"
     )
     assert UNCHANGED_TOAST not in update.new
-    # Typed values: the same from EncodedRows as from tuples, per value and as Arrow.
+    # Typed values: the same from EncodedRows as from tuples of their values, per value and
+    # as Arrow.
     table = changed[0].table
-    lazy_rows = [e.new for e in changed if isinstance(e, Insert | Update)]
-    eager_rows = [e.new for e in expected if isinstance(e, Insert | Update)]
-    typed = [row_to_python(table, row) for row in eager_rows]
-    assert [row_to_python(table, row) for row in lazy_rows] == typed
+    encoded = [e.new for e in changed if isinstance(e, Insert | Update)]
+    tuples = [tuple(row) for row in encoded]
+    typed = [row_to_python(table, row) for row in tuples]
+    assert [row_to_python(table, row) for row in encoded] == typed
     assert typed[0][:3] == (1, "plain", Decimal("1.5"))
-    batch = rows_to_arrow(table, lazy_rows)
-    assert batch.equals(rows_to_arrow(table, eager_rows))
+    batch = rows_to_arrow(table, encoded)
+    assert batch.equals(rows_to_arrow(table, tuples))
     assert batch.column(0).to_pylist() == [1, 2, 3, 2]

@@ -54,7 +54,12 @@ def decode_or_decode_error(proto: int, state: DecoderState, payload: bytes) -> l
     streaming: Streaming | None = "parallel" if proto == 4 else None
     decoder = PgOutputDecoder(state.copy(), proto_version=proto, streaming=streaming)
     try:
-        return decoder.decode(payload, AT)
+        events = decoder.decode(payload, AT)
+        for event in events:  # rows are checked by their consumer: here, on first use
+            for row in (getattr(event, "new", None), getattr(event, "old", None)):
+                if row is not None:
+                    tuple(row)
+        return events
     except DecodeError as exc:
         assert str(exc)  # every error says something
         return None

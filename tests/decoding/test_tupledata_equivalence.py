@@ -3,9 +3,10 @@
 One test generates valid and malformed TupleData (truncated, wrong column counts, unknown
 kinds, lengths past the end, trailing bytes, text that is not UTF-8, empty rows, no columns,
 NULL and unchanged last columns) and runs it through every reader: the fast ``read_tuple``,
-``EncodedRow`` decoding, the pgoutput decoder in each row mode (Insert and Delete), the
-columnar framing (``columnar.frame_rows``), the change log writer's check
-(``columnar.first_unreadable_row``), ``decode_many``, ``decode_batch``, ``rows_to_arrow`` from
+``EncodedRow`` decoding, the pgoutput decoder's rows (Insert, Delete and an Update's old key,
+checked when read), the columnar framing (``columnar.frame_rows``), the change log writer's check
+(``columnar.first_unreadable_row``, as stored and as strict as a server's text), ``decode_many``
+(events, their rows checked when read), ``decode_batch``, ``rows_to_arrow`` from
 ``EncodedRow``s and the Spark executors' typing of a change log column. Each must give the
 reference's values, or refuse with a ``DecodeError`` that carries the reference's message
 (typed Arrow paths: the batch, or the error, of the row-by-row path). And a fast path asks
@@ -26,12 +27,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pgcdc import tupledata
-from pgcdc.decoding import arrow, columnar
+from pgcdc.decoding import arrow, columnar, pgoutput
 from pgcdc.decoding.arrow import rows_to_arrow
 from pgcdc.decoding.batch import MIN_COLUMNAR_RUN, DecodedBatch, decode_batch, decode_many
-from pgcdc.decoding.pgoutput import LazyRows, PgOutputDecoder
+from pgcdc.decoding.pgoutput import PgOutputDecoder
 from pgcdc.errors import DecodeError
-from pgcdc.events import Column, Delete, EncodedRow, Insert, Table
+from pgcdc.events import Column, Delete, EncodedRow, Insert, Table, Update
 from pgcdc.lsn import LSN
 from pgcdc.spark import changes
 from pgcdc.tupledata import (
@@ -157,8 +158,8 @@ def table_of(width: int) -> Table:
     return Table("public", "t", columns, TABLE_OID)
 
 
-def decoder(width: int, rows: LazyRows) -> PgOutputDecoder:
-    found = PgOutputDecoder(lazy_rows=rows)
+def decoder(width: int) -> PgOutputDecoder:
+    found = PgOutputDecoder()
     found.decode_one(relation(width), AT)
     return found
 
@@ -171,10 +172,16 @@ def delete(data: bytes) -> bytes:
     return b"D" + struct.pack("!I", TABLE_OID) + b"K" + data
 
 
+def update_key(data: bytes, width: int) -> bytes:
+    """An Update with ``data`` as its old key, then a valid new row of ``width`` NULLs."""
+    new = struct.pack("!H", width) + b"n" * width
+    return b"U" + struct.pack("!I", TABLE_OID) + b"K" + data + b"N" + new
+
+
 def decoded_row(decoder: PgOutputDecoder, payload: bytes) -> Outcome:
     def read() -> Any:
         event = decoder.decode_one(payload, AT)
-        assert isinstance(event, Insert | Delete)
+        assert isinstance(event, Insert | Delete | Update)
         return event.new if isinstance(event, Insert) else event.old
 
     return outcome(read)
@@ -191,22 +198,31 @@ def check_one_row(data: bytes, width: int) -> None:
     agrees(outcome(lambda: EncodedRow(data).values), stored, "EncodedRow")
     # A fast path asks the reference only about rows it refuses: valid rows never reach it.
     if not isinstance(strict, Refused):
-        with patch.object(tupledata, "read_tuple_reference", wraps=read_tuple_reference) as asked:
+        found_decoder = decoder(width)
+        with (
+            patch.object(tupledata, "read_tuple_reference", wraps=read_tuple_reference) as asked,
+            patch.object(pgoutput, "read_tuple_reference", wraps=read_tuple_reference) as asked_too,
+        ):
             read_tuple(data)
             assert tuple_end(data) == len(data)
             decode_tuple_data(data)
+            if not isinstance(in_message(data, width), Refused):
+                for payload in (insert(data), delete(data), update_key(data, width)):
+                    assert decoded_row(found_decoder, payload) == strict
         assert not asked.called, "a fast path fell back on a valid row"
-    # The decoder, in each row mode; unchecked rows are checked when read, as stored rows.
-    modes: tuple[tuple[LazyRows, TextErrors], ...] = (
-        (False, "strict"),
-        (True, "strict"),
-        ("unchecked", "surrogatepass"),
-    )
-    for rows, text in modes:
-        expected = in_message(data, width, text)
-        for payload in (insert(data), delete(data)):
-            found = decoded_row(decoder(width, rows), payload)
-            agrees(found, expected, f"decoder, lazy_rows={rows!r}")
+        assert not asked_too.called, "the decoder fell back on a valid row"
+    # The decoder's rows: what it must walk (the column count; an old key, to find the new
+    # row after it) is checked at decode time, the rest when the row is read (as stored).
+    expected = in_message(data, width, "surrogatepass")
+    for payload in (insert(data), delete(data)):
+        agrees(decoded_row(decoder(width), payload), expected, "decoder")
+    found = decoded_row(decoder(width), update_key(data, width))
+    if isinstance(expected, Refused):
+        # Refused at decode time when the walk finds the framing wrong (bytes after the row
+        # then read as the new row's marker), or when read.
+        assert isinstance(found, Refused), "decoder (old key)"
+    else:
+        agrees(found, expected, "decoder (old key)")
 
 
 def _whole(read: tuple[tuple[RawValue, ...], int], buf: bytes) -> tuple[RawValue, ...]:
@@ -238,24 +254,43 @@ def check_many_rows(datas: list[bytes], width: int) -> None:
         ((i, found.message) for i, found in enumerate(stored) if isinstance(found, Refused)), None
     )
     assert columnar.first_unreadable_row(pa.array(datas, pa.binary())) == first_bad
-    # Many messages: decode_many (lazy rows, framing checked with numpy) and decode_batch.
+    # The same check as strict as a server's text: what decode_batch checks rows with.
+    first_strict = next(
+        ((i, found.message) for i, found in enumerate(strict) if isinstance(found, Refused)),
+        None,
+    )
+    if all(declared_width(data) == width for data in datas):
+        found_strict = columnar.first_unreadable_row(pa.array(datas, pa.binary()), "strict")
+        assert found_strict == first_strict, "first_unreadable_row, strict"
+    # Many messages: decode_many (framing read with numpy; the rows' own check left to their
+    # reader, as decode_one leaves it) and decode_batch (every row checked).
     payloads = [insert(datas[i % len(datas)]) for i in range(MIN_COLUMNAR_RUN)]
     lsns = [LSN(AT + i) for i in range(len(payloads))]
     first_refused = next((found for found in strict if isinstance(found, Refused)), None)
+    as_read = [in_message(data, width, "surrogatepass") for data in datas]
+    width_refused = next(
+        (
+            found
+            for data, found in zip(datas, as_read, strict=True)
+            if declared_width(data) != width
+        ),
+        None,
+    )
     try:
-        events = decode_many(decoder(width, True), payloads, lsns)
+        events = decode_many(decoder(width), payloads, lsns)
     except DecodeError as exc:
-        assert first_refused is not None and first_refused.message in str(exc), "decode_many"
+        assert isinstance(width_refused, Refused), f"decode_many refused: {exc}"
+        assert width_refused.message in str(exc), "decode_many"
     else:
-        assert first_refused is None, "decode_many read a row the reference refuses"
+        assert width_refused is None, "decode_many took a row of the wrong width"
         for i, event in enumerate(events):
             assert isinstance(event, Insert)
-            assert tuple(event.new) == strict[i % len(datas)], "decode_many values"
+            agrees(outcome(lambda e=event: e.new), as_read[i % len(datas)], "decode_many rows")
     # Typed Arrow: the batch (or error) rows_to_arrow builds row by row from the same rows.
     if all_valid:
         cycled = [strict[i % len(datas)] for i in range(len(payloads))]
         expected_typed = typed(lambda: rows_to_arrow(table, cycled))  # type: ignore[arg-type]
-        found_typed = typed(lambda: decode_batch(decoder(width, False), payloads, lsns))
+        found_typed = typed(lambda: decode_batch(decoder(width), payloads, lsns))
         if isinstance(found_typed, DecodedBatch):
             news = pa.Table.from_batches([change.new for change in found_typed.changes])
             found_typed = news.combine_chunks().to_batches()[0]
@@ -263,7 +298,7 @@ def check_many_rows(datas: list[bytes], width: int) -> None:
     else:
         assert first_refused is not None
         with pytest.raises(DecodeError) as error:
-            decode_batch(decoder(width, False), payloads, lsns)
+            decode_batch(decoder(width), payloads, lsns)
         assert first_refused.message in str(error.value), "decode_batch"
     row_by_row = typed(lambda: rows_to_arrow(table, [EncodedRow(data) for data in datas]))
     with patch.object(arrow, "COLUMNAR_MIN_ROWS", 1), patch.object(changes, "COLUMNAR_MIN_ROWS", 1):

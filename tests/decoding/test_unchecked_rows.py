@@ -1,15 +1,14 @@
-"""``lazy_rows="unchecked"`` and ``first_unreadable_row``: the receiver's decoder skips walking
-the rows that end a message (Insert, Delete, an Update's new row), and the change log writer
-checks many rows at once before it persists them. Together they refuse what the checked decoder
-refuses (byte fixtures, garbled payloads, generated rows), and the writer refuses a bad row with
-a typed error that names it."""
+"""Rows checked as a batch: the pgoutput decoder does not walk the rows that end a message
+(Insert, Delete, an Update's new row), and their consumer checks many at once
+(``first_unreadable_row``, the change log writer's check). Together they refuse what reading
+every row with ``read_tuple_reference`` refuses (byte fixtures, garbled payloads, generated
+rows), and the writer refuses a bad row with a typed error that names it."""
 
 from __future__ import annotations
 
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -20,7 +19,7 @@ from pgcdc.changelog import ChangeLog
 from pgcdc.decoding.columnar import first_unreadable_row
 from pgcdc.decoding.pgoutput import PgOutputDecoder, Streaming
 from pgcdc.decoding.state import DecoderState
-from pgcdc.errors import ConfigurationError, DecodeError
+from pgcdc.errors import DecodeError
 from pgcdc.events import (
     Delete,
     EncodedRow,
@@ -33,6 +32,7 @@ from pgcdc.events import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
+from pgcdc.tupledata import read_tuple_reference, trailing_bytes_error
 from tests.conftest import examples
 from tests.decoding.test_fast_paths import TABLE_OID, encode_tuple, relation, rows
 from tests.decoding.test_pgoutput_fuzz import CASES, mutate, mutation
@@ -40,39 +40,46 @@ from tests.decoding.test_pgoutput_fuzz import CASES, mutate, mutation
 AT = LSN(0x16_0000_0000)
 
 
-def _decoder(proto: int, state: DecoderState, lazy_rows: Any) -> PgOutputDecoder:
+def _decoder(proto: int, state: DecoderState) -> PgOutputDecoder:
     streaming: Streaming | None = "parallel" if proto == 4 else None
-    return PgOutputDecoder(
-        state.copy(), proto_version=proto, streaming=streaming, lazy_rows=lazy_rows
-    )
+    return PgOutputDecoder(state.copy(), proto_version=proto, streaming=streaming)
+
+
+def _rows(events: list[Event]) -> list[EncodedRow]:
+    found = []
+    for event in events:
+        if isinstance(event, Insert | Update | Delete):
+            for row in (getattr(event, "new", None), getattr(event, "old", None)):
+                if row is not None:
+                    assert type(row) is EncodedRow
+                    found.append(row)
+    return found
 
 
 def _checked_later(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | type[DecodeError]:
-    """Decode, then check the rows as the change log writer does."""
+    """Decode, then check the rows as the change log writer does: all at once."""
     try:
         events = decoder.decode(payload, AT)
     except DecodeError:
         return DecodeError
-    rows = [
-        row.data
-        for event in events
-        if isinstance(event, Insert | Update | Delete)
-        for row in (
-            getattr(event, "new", None),
-            event.old if not isinstance(event, Insert) else None,
-        )
-        if type(row) is EncodedRow
-    ]
+    rows = [row.data for row in _rows(events)]
     if first_unreadable_row(pa.array(rows, pa.binary())) is not None:
         return DecodeError
     return events
 
 
-def _eager(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | type[DecodeError]:
+def _reference(decoder: PgOutputDecoder, payload: bytes) -> list[Event] | type[DecodeError]:
+    """Decode, then read each row with the reference, as a server's UTF-8 (strict)."""
     try:
-        return decoder.decode(payload, AT)
+        events = decoder.decode(payload, AT)
+        for row in _rows(events):
+            values, end = read_tuple_reference(row.data)
+            if end != len(row.data):
+                raise trailing_bytes_error(len(row.data) - end)
+            assert values == row
     except DecodeError:
         return DecodeError
+    return events
 
 
 def _has_encoded_surrogate(payload: bytes) -> bool:
@@ -83,11 +90,11 @@ def _has_encoded_surrogate(payload: bytes) -> bool:
     )
 
 
-def test_fixtures_decode_unchecked_to_the_same_events() -> None:
+def test_fixtures_pass_the_batch_check_as_the_reference() -> None:
     changes = 0
     for proto, state, payload in CASES:
-        expected = _eager(_decoder(proto, state, False), payload)
-        got = _checked_later(_decoder(proto, state, "unchecked"), payload)
+        expected = _reference(_decoder(proto, state), payload)
+        got = _checked_later(_decoder(proto, state), payload)
         assert got == expected
         if isinstance(got, list):
             changes += sum(isinstance(e, Insert | Update | Delete) for e in got)
@@ -96,19 +103,19 @@ def test_fixtures_decode_unchecked_to_the_same_events() -> None:
 
 @settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(CASES), steps=st.lists(mutation, min_size=1, max_size=4))
-def test_garbled_payloads_are_refused_unchecked_exactly_when_checked(
+def test_garbled_payloads_are_refused_by_the_batch_check_exactly_when_by_the_reference(
     case: tuple[int, DecoderState, bytes], steps: list[tuple[str, int, int]]
 ) -> None:
     proto, state, payload = case
     garbled = mutate(payload, steps)
-    expected = _eager(_decoder(proto, state, False), garbled)
-    got = _checked_later(_decoder(proto, state, "unchecked"), garbled)
+    expected = _reference(_decoder(proto, state), garbled)
+    got = _checked_later(_decoder(proto, state), garbled)
     if got != expected:
         assert expected is DecodeError and _has_encoded_surrogate(garbled)
 
 
-def test_an_unchecked_insert_is_not_walked_but_its_width_is_checked() -> None:
-    decoder = PgOutputDecoder(lazy_rows="unchecked")
+def test_an_insert_row_is_not_walked_but_its_width_is_checked() -> None:
+    decoder = PgOutputDecoder()
     decoder.decode(relation(2), AT)
     head = b"I" + struct.pack("!I", TABLE_OID) + b"N"
     with pytest.raises(DecodeError, match="has 3 columns but the Relation"):
@@ -118,11 +125,6 @@ def test_an_unchecked_insert_is_not_walked_but_its_width_is_checked() -> None:
     assert isinstance(event, Insert) and type(event.new) is EncodedRow
     with pytest.raises(DecodeError, match="runs past the end"):
         event.new.values  # noqa: B018 - reading it checks it
-
-
-def test_lazy_rows_must_be_a_known_mode() -> None:
-    with pytest.raises(ConfigurationError, match="use False, True or 'unchecked'"):
-        PgOutputDecoder(lazy_rows="sometimes")  # type: ignore[arg-type]
 
 
 def _garble(data: bytes, draw: st.DrawFn) -> bytes:
@@ -182,7 +184,7 @@ def test_readable_rows_pass_in_one_go(batch: list[tuple[RawValue, ...]]) -> None
 def test_the_change_log_refuses_an_unreadable_row_and_logs_nothing_of_its_batch(
     tmp_path: Path,
 ) -> None:
-    decoder = PgOutputDecoder(lazy_rows="unchecked")
+    decoder = PgOutputDecoder()
     defined = decoder.decode_one(relation(2), AT)
     assert isinstance(defined, Relation)
     table = defined.table

@@ -774,8 +774,8 @@ class BatchBuilder:
         return size
 
     def _check_rows(self, name: str, rows: pa.Array) -> None:
-        """Raise if a row cannot be read back: the receiver's decoder leaves Inserts' rows
-        unchecked (``lazy_rows="unchecked"``) for this check, done for a whole batch at once."""
+        """Raise if a row cannot be read back: the pgoutput decoder leaves rows unchecked for
+        their consumer, and this check, for a whole batch at once, is the change log's."""
         found = first_unreadable_row(rows)
         if found is None:
             return

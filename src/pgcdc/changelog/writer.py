@@ -91,9 +91,8 @@ _DEFINITIONS = frozenset((Relation, Type))
 class ChangeLogWriter:
     """The single appender of a change log. Use as a context manager, or call ``close()``."""
 
-    # Every row is checked when a frame is built, before it is written, and RowRuns are
-    # logged row by row as their bytes (see TransactionSink).
-    checks_rows = True
+    # Every row is checked when a frame is built, before it is written (see TransactionSink),
+    # and RowRuns are logged row by row as their bytes.
     accepts_row_runs = True
 
     def __init__(

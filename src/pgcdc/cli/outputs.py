@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.test_decoding import format_test_decoding
 from pgcdc.decoding.values import BoundedList, pg_text, row_to_python
-from pgcdc.errors import OutputError
+from pgcdc.errors import DecodeError, OutputError
 from pgcdc.events import (
     UNCHANGED_TOAST,
     Begin,
@@ -209,12 +209,25 @@ class TextOutput(_FileOutput):
             return head.encode(self._encoding) + event.content + b"\n"
         try:
             text = format_test_decoding(event, server_major=self._major, encoding=self._encoding)
+        except DecodeError as error:
+            raise _unwritable(event, error) from error
         except ValueError as error:
             raise OutputError(
                 f"cannot write {type(event).__name__} at {event.lsn} as test_decoding text: "
                 f"{error}; use --format json or --format changelog for this stream"
             ) from None
         return text.encode(self._encoding) + b"\n"
+
+
+def _unwritable(event: Event, error: DecodeError) -> DecodeError:
+    """A change whose row cannot be read (its consumer, the output, is where pgoutput's rows
+    are checked) or typed: which one, and why. Nothing of its transaction is written."""
+    table = getattr(event, "table", None)
+    where = f" of {table.qualified_name}" if isinstance(table, Table) else ""
+    return DecodeError(
+        f"cannot write the {type(event).__name__} at LSN {event.lsn}{where}: {error}; nothing "
+        "of its transaction is written or confirmed"
+    )
 
 
 def _printable(event: Event) -> bool:
@@ -310,7 +323,10 @@ class JsonOutput(_FileOutput):
             if type(event) is Type:
                 self._learn_type(event.oid)
                 continue
-            body = self._change(event)
+            try:
+                body = self._change(event)
+            except DecodeError as error:
+                raise _unwritable(event, error) from error
             if body is None:
                 continue
             record = {"operation": body.pop("operation"), "lsn": str(event.lsn), **header, **body}

@@ -554,7 +554,10 @@ def _row_batch(table: Table, rows: list[Sequence[RawValue]], plan: _Plan) -> pa.
     unchanged: list[list[str]] = [[] for _ in rows]
     texts: list[tuple[int, int, str]] = []
     arrays: list[pa.Array] = []
-    by_column = list(zip(*rows, strict=True)) if rows else [()] * width
+    try:
+        by_column = list(zip(*rows, strict=True)) if rows else [()] * width
+    except DecodeError as exc:
+        raise _unreadable_row(table, rows) from exc
     for index, column in enumerate(table.columns):
         kind = plan.fast[index]
         if kind is not None:
@@ -580,6 +583,19 @@ def _row_batch(table: Table, rows: list[Sequence[RawValue]], plan: _Plan) -> pa.
     arrays.append(pa.array(unchanged, type=UNCHANGED_TYPE))
     arrays.append(_text_map(len(rows), texts, table))
     return pa.RecordBatch.from_arrays(arrays, schema=plan.schema)
+
+
+def _unreadable_row(table: Table, rows: list[Sequence[RawValue]]) -> DecodeError:
+    """The error that names the first of ``rows`` (EncodedRows are read on first use) that
+    cannot be read, and why."""
+    for number, row in enumerate(rows):
+        try:
+            tuple(row)
+        except DecodeError as exc:
+            return DecodeError(
+                f"row {number} of {len(rows)} of {table.qualified_name} is malformed: {exc}"
+            )
+    return DecodeError(f"a row of {table.qualified_name} could not be read")  # pragma: no cover
 
 
 def _width(row: Sequence[RawValue]) -> int:

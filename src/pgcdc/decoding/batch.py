@@ -382,15 +382,10 @@ _delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = _sett
 def decode_many(
     decoder: PgOutputDecoder, payloads: Sequence[bytes | memoryview], lsns: Sequence[LSN]
 ) -> list[Event]:
-    """``[decoder.decode_one(p, lsn) for p, lsn in zip(payloads, lsns)]`` for a decoder with
-    lazy rows: the same events (rows as EncodedRows) and the same errors, the framing of each
-    long run of changes checked with numpy at once instead of column by column in Python."""
-    if not decoder.lazy_rows:
-        if len(payloads) != len(lsns):
-            raise ValueError(f"{len(payloads)} payloads but {len(lsns)} LSNs")
-        return [
-            decoder.decode_one(payload, lsn) for payload, lsn in zip(payloads, lsns, strict=True)
-        ]
+    """``[decoder.decode_one(p, lsn) for p, lsn in zip(payloads, lsns)]``: the same events
+    and the same errors, the framing of each long run of changes read with numpy at once
+    instead of message by message in Python. As with ``decode_one``, the rows are left to
+    their consumer to check."""
     count, buffer, first, starts, ends, change, passive = _frame(payloads, lsns)
     run = _Run(decoder, buffer, first, starts, ends, registry_for(None), DEFAULT_OPTIONS)
     events: list[Event] = []
@@ -489,13 +484,24 @@ def _one_by_one(
     options: ArrowOptions,
 ) -> Region:
     """The region through ``decode_one`` and ``rows_to_arrow``: the reference path, and the
-    one that raises the typed error naming the message that is wrong."""
+    one that raises the typed error naming the message that is wrong (the first in message
+    order, be it a message ``decode_one`` refuses or a row it leaves unchecked)."""
     groups: dict[int, tuple[Table, list[int], list[str], list[Row | None], list[Row | None]]] = {}
     keys: dict[int, list[bool]] = {}
     events: list[tuple[int, Event]] = []
     payloads, lsns = messages
+    decoded: list[tuple[int, Event]] = []
+    refused: DecodeError | None = None
     for index in region.tolist():
-        event = decoder.decode_one(payloads[index], lsns[index])
+        try:
+            decoded.append((index, decoder.decode_one(payloads[index], lsns[index])))
+        except DecodeError as exc:
+            refused = exc
+            break
+    _check_rows(decoder, messages, decoded)
+    if refused is not None:
+        raise refused
+    for index, event in decoded:
         if not isinstance(event, (Insert, Update, Delete)):
             events.append((index, event))
             continue
@@ -537,3 +543,36 @@ def _one_by_one(
             )
         )
     return events, batches
+
+
+def _check_rows(
+    decoder: PgOutputDecoder,
+    messages: tuple[Sequence[bytes | memoryview], Sequence[LSN]],
+    decoded: list[tuple[int, Event]],
+) -> None:
+    """Raise the DecodeError of the first row of the ``decoded`` changes (message indexes and
+    events) that cannot be read, naming its message. ``decode_one`` leaves rows to their
+    consumer; this checks all of them at once, with UTF-8 as strict as a server's."""
+    owners: list[int] = []
+    datas: list[bytes] = []
+    for index, event in decoded:
+        if type(event) is Insert:
+            rows: tuple[Row | None, ...] = (event.new,)
+        elif type(event) is Update:
+            rows = (event.old, event.new)
+        elif type(event) is Delete:
+            rows = (event.old,)
+        else:
+            continue
+        for row in rows:
+            if type(row) is EncodedRow:
+                owners.append(index)
+                datas.append(row.data)
+    if not datas:
+        return
+    found = columnar.first_unreadable_row(pa.array(datas, pa.binary()), text="strict")
+    if found is not None:
+        row_index, reason = found
+        index = owners[row_index]
+        payloads, lsns = messages
+        raise decoder._malformed(payloads[index], lsns[index], reason)

@@ -35,6 +35,7 @@ from pgcdc.tupledata import (
     KIND_UNCHANGED,
     UNCHANGED_TOAST,
     RawValue,
+    TextErrors,
     decode_tuple_data,
 )
 
@@ -268,12 +269,15 @@ def frame_rows(
     return None if strings is None else (framing, strings)
 
 
-def first_unreadable_row(rows: pa.Array) -> tuple[int, str] | None:
+def first_unreadable_row(
+    rows: pa.Array, text: TextErrors = "surrogatepass"
+) -> tuple[int, str] | None:
     """The index of the first of ``rows`` (a binary array of TupleData, nulls skipped) that
-    ``decode_tuple_data`` cannot read, and why; None when every row is readable.
+    ``decode_tuple_data`` cannot read with ``text`` (``"strict"``: as a server sends it), and
+    why; None when every row is readable.
 
-    The change log writer's check before it persists rows a decoder did not walk
-    (``lazy_rows="unchecked"``). All rows are checked at once with numpy (framing, nothing
+    The change log writer's check before it persists rows the pgoutput decoder did not
+    walk. All rows are checked at once with numpy (framing, nothing
     after the row, UTF-8 text), grouped by column count; only a group that fails is read row
     by row, to find the culprit and its reason."""
     count = len(rows)
@@ -305,7 +309,7 @@ def first_unreadable_row(rows: pa.Array) -> tuple[int, str] | None:
             suspects.append(group)  # Arrow's UTF-8 is stricter (no surrogates): ask per row
     for index in np.sort(np.concatenate(suspects)).tolist():
         try:
-            decode_tuple_data(data[starts[index] : limits[index]])
+            decode_tuple_data(data[starts[index] : limits[index]], text)
         except DecodeError as exc:
             return index, str(exc)
     return None

@@ -53,7 +53,7 @@ from pgcdc.events import (
     field_setters,
 )
 from pgcdc.lsn import LSN
-from pgcdc.tupledata import read_tuple, read_tuple_reference, trailing_bytes_error, tuple_end
+from pgcdc.tupledata import read_tuple_reference, trailing_bytes_error, tuple_end
 
 __all__ = ["MAX_PROTO_VERSION", "PgOutputDecoder", "PgOutputOptions", "max_proto_version"]
 
@@ -61,8 +61,6 @@ MAX_PROTO_VERSION = 4
 """The newest pgoutput protocol this decoder reads."""
 
 Streaming = Literal["off", "on", "parallel"]
-# Rows as tuples (False), as checked EncodedRows (True), or rows that end a message unchecked.
-LazyRows = bool | Literal["unchecked"]
 
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -181,6 +179,15 @@ class PgOutputDecoder:
     ``state`` carries relation and type definitions from earlier messages; pass a saved one to
     continue decoding mid-stream. The decoder never rewrites values: rows hold ``str`` (text
     columns), ``bytes`` (binary), ``None`` (NULL) or ``UNCHANGED_TOAST``.
+
+    Rows are ``EncodedRow``s: the TupleData bytes as they came. The decoder walks a row only
+    where it must find where the row ends (an Update's old row, before its new one) and checks
+    every row's column count against the relation; the rest is checked by whoever consumes
+    the rows, once for a whole batch (the change log writer, ``decode_batch``,
+    ``rows_to_arrow``), or on first use (``EncodedRow.values`` raises ``DecodeError``). That
+    is what keeps the receiver's path to the change log free of a per-row walk in Python.
+    Text is read as ``EncodedRow`` reads it (UTF-8, lone surrogates allowed), so a row may
+    hold encoded surrogates, which a UTF8 server never sends.
     """
 
     __slots__ = (
@@ -188,8 +195,6 @@ class PgOutputDecoder:
         "_dispatch",
         "_relations",
         "_state",
-        "_unchecked_rows",
-        "lazy_rows",
         "proto_version",
         "streaming",
     )
@@ -200,26 +205,10 @@ class PgOutputDecoder:
         *,
         proto_version: int = 1,
         streaming: Streaming | None = None,
-        lazy_rows: LazyRows = False,
     ) -> None:
         """``streaming`` is the option the stream was started with; it only matters for Stream
         Abort, which carries the abort LSN and time exactly when it is 'parallel'. None accepts
-        both layouts (told apart by length).
-
-        ``lazy_rows`` makes rows ``EncodedRow``s: the framing is validated (and the text
-        checked to be UTF-8) but no value object is made, which is what the receiver needs to
-        log rows as they came. Off by default: tuples are cheaper for code that reads every
-        value anyway. ``"unchecked"`` is lazier still, for the receiver's hot path: a row that
-        ends its message (an Insert's, a Delete's, an Update's new row) is not walked, only its
-        column count checked. Such a row is checked when it is decoded, and the change log
-        writer checks many at once (``columnar.first_unreadable_row``) before it persists
-        them. That check reads text as ``EncodedRow`` does (UTF-8, lone surrogates allowed), so
-        such rows may hold encoded surrogates that this decoder's own check would refuse (a
-        UTF8 server never sends them)."""
-        if lazy_rows not in (False, True, "unchecked"):
-            raise ConfigurationError(
-                f"lazy_rows={lazy_rows!r} is not valid: use False, True or 'unchecked'"
-            )
+        both layouts (told apart by length)."""
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise UnsupportedFeature(
                 f"pgoutput proto_version {proto_version} is not supported: this decoder reads "
@@ -231,8 +220,6 @@ class PgOutputDecoder:
             )
         self.proto_version = proto_version
         self.streaming = streaming
-        self.lazy_rows = lazy_rows
-        self._unchecked_rows = lazy_rows == "unchecked"
         self._state = state if state is not None else DecoderState()
         self._relations = self._state.relations
         # The last Begin's commit time, raw and as a datetime: its Commit carries the same
@@ -266,16 +253,9 @@ class PgOutputDecoder:
         cls,
         options: PgOutputOptions,
         state: DecoderState | None = None,
-        *,
-        lazy_rows: LazyRows = False,
     ) -> PgOutputDecoder:
         """The decoder for a stream started with ``options``."""
-        return cls(
-            state,
-            proto_version=options.proto_version,
-            streaming=options.streaming,
-            lazy_rows=lazy_rows,
-        )
+        return cls(state, proto_version=options.proto_version, streaming=options.streaming)
 
     @property
     def state(self) -> DecoderState:
@@ -287,7 +267,7 @@ class PgOutputDecoder:
         self._relations = state.relations
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (self._state, self.proto_version, self.streaming, self.lazy_rows))
+        return (_restore, (self._state, self.proto_version, self.streaming))
 
     def decode(self, payload: bytes | memoryview, lsn: LSN) -> list[Event]:
         """The event in one pgoutput payload (always exactly one)."""
@@ -363,33 +343,27 @@ class PgOutputDecoder:
             )
         return table
 
-    def _row(self, buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
-        """The TupleData at ``pos`` as a row of ``table``, checked, and the position after it.
-
-        Lazy rows are ``EncodedRow``s checked as ``read_tuple_reference`` checks, from the
-        framing alone (``tuple_end``) when the row is ASCII, which is then valid UTF-8
-        throughout; any other row is read (``read_tuple``) and its values kept."""
+    @staticmethod
+    def _row(buf: bytes, pos: int, table: Table) -> tuple[Row, int]:
+        """The TupleData at ``pos``, followed by more of the message, as a row of ``table``,
+        and the position after it: its framing walked (``tuple_end``), its text left to the
+        rows' consumer."""
         _check_width(buf, pos, table)
-        if self.lazy_rows:
-            end = tuple_end(buf, pos)
-            data = buf[pos:end]
-            row = _new_object(EncodedRow)
-            _encoded_data(row, data)
-            _encoded_values(row, None if data.isascii() else read_tuple(data)[0])
-            return row, end
-        return read_tuple(buf, pos)
+        end = tuple_end(buf, pos)
+        row: Row = _new_object(EncodedRow)
+        _encoded_data(row, buf[pos:end])
+        _encoded_values(row, None)
+        return row, end
 
-    def _last_row(self, buf: bytes, pos: int, table: Table) -> Row:
-        """The tuple at ``pos``, which ends the message: with unchecked rows, just its bytes
-        (the column count checked); otherwise read and checked."""
-        if self._unchecked_rows:
-            _check_width(buf, pos, table)
-            row: Row = _new_object(EncodedRow)
-            _encoded_data(row, buf[pos:])
-            _encoded_values(row, None)
-            return row
-        row, pos = self._row(buf, pos, table)
-        self._check_end(buf, pos)
+    @staticmethod
+    def _last_row(buf: bytes, pos: int, table: Table) -> Row:
+        """The TupleData at ``pos``, which ends the message, as a row of ``table``: its bytes
+        to the end, not walked (bytes after the row read as trailing bytes of it), its column
+        count checked."""
+        _check_width(buf, pos, table)
+        row: Row = _new_object(EncodedRow)
+        _encoded_data(row, buf[pos:])
+        _encoded_values(row, None)
         return row
 
     # --- transaction boundaries --------------------------------------------------------------
@@ -489,7 +463,7 @@ class PgOutputDecoder:
     # --- changes -----------------------------------------------------------------------------
 
     def _insert(self, buf: bytes, lsn: LSN) -> Event:
-        # The most frequent message: _stream_xid, _row and _last_row are inlined here.
+        # The most frequent message: _stream_xid and _last_row are inlined here.
         xid = self._state.stream_xid
         if xid is None:
             pos = 1
@@ -502,23 +476,9 @@ class PgOutputDecoder:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
         pos += 5
         _check_width(buf, pos, table)
-        row: Row
-        if self._unchecked_rows:
-            row = _new_object(EncodedRow)
-            _encoded_data(row, buf[pos:])
-            _encoded_values(row, None)
-            pos = len(buf)
-        elif self.lazy_rows:
-            end = tuple_end(buf, pos)
-            data = buf[pos:end]
-            row = _new_object(EncodedRow)
-            _encoded_data(row, data)
-            _encoded_values(row, None if data.isascii() else read_tuple(data)[0])
-            pos = end
-        else:
-            row, pos = read_tuple(buf, pos)
-        if pos != len(buf):
-            self._check_end(buf, pos)
+        row = _new_object(EncodedRow)
+        _encoded_data(row, buf[pos:])
+        _encoded_values(row, None)
         event = _new_object(Insert)
         _insert_lsn(event, lsn)
         _insert_table(event, table)
@@ -540,21 +500,20 @@ class PgOutputDecoder:
         pos += 5
         old: Row | None = None
         new: Row
-        if kind == _NEW and self._unchecked_rows:
+        if kind == _NEW:
             _check_width(buf, pos, table)
             new = _new_object(EncodedRow)
             _encoded_data(new, buf[pos:])
             _encoded_values(new, None)
-        else:
-            if kind in (_KEY, _OLD):
-                old, pos = self._row(buf, pos, table)
-                new_marker = buf[pos]
-                pos += 1
-                if new_marker != _NEW:
-                    raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
-            elif kind != _NEW:
-                raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
+        elif kind in (_KEY, _OLD):
+            old, pos = self._row(buf, pos, table)
+            new_marker = buf[pos]
+            pos += 1
+            if new_marker != _NEW:
+                raise DecodeError(f"expected 'N' (new tuple), got {chr(new_marker)!r}")
             new = self._last_row(buf, pos, table)
+        else:
+            raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
         event = _new_object(Update)
         _update_lsn(event, lsn)
         _update_table(event, table)
@@ -692,14 +651,9 @@ class PgOutputDecoder:
 
 
 def _restore(
-    state: DecoderState,
-    proto_version: int,
-    streaming: Streaming | None,
-    lazy_rows: LazyRows = False,
+    state: DecoderState, proto_version: int, streaming: Streaming | None
 ) -> PgOutputDecoder:
-    return PgOutputDecoder(
-        state, proto_version=proto_version, streaming=streaming, lazy_rows=lazy_rows
-    )
+    return PgOutputDecoder(state, proto_version=proto_version, streaming=streaming)
 
 
 # --- options -----------------------------------------------------------------------------------

@@ -6,10 +6,14 @@ restart), make everything appended durable, and say how far it already got, so t
 is confirmed only up to what is safely stored and a restart resumes right after it.
 ``pgcdc.changelog.ChangeLogWriter`` is one.
 
-A sink may also say ``checks_rows = True``: it checks every ``EncodedRow`` before it keeps
-it, so the receiver may hand it Inserts whose rows the decoder did not walk (the faster path).
-One that also says ``accepts_row_runs = True`` may find ``RowRun`` events among a
-transaction's events: each stands for ``len(run)`` consecutive changes (and positions).
+The rows of pgoutput changes are ``EncodedRow``s whose bytes the decoder did not check beyond
+their column count: whether a row is readable is checked once for the batch that holds it, by
+whoever consumes it. A sink that reads values gets a ``DecodeError`` from a malformed row; one
+that keeps the bytes must check them before it keeps them, as ``ChangeLogWriter`` does for each
+batch it writes (``pgcdc.decoding.columnar.first_unreadable_row``).
+
+A sink that says ``accepts_row_runs = True`` may find ``RowRun`` events among a transaction's
+events: each stands for ``len(run)`` consecutive changes (and positions), its rows as bytes.
 """
 
 from __future__ import annotations
