@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pgcdc.decoding import Decoder
+from pgcdc.decoding.batch import decode_batch
 from pgcdc.decoding.pgoutput import (
     PgOutputDecoder,
     PgOutputOptions,
@@ -611,6 +612,15 @@ SAMPLES: list[tuple[int, Sequence[bytes], bytes]] = [
 ]
 
 
+def decoded_and_read(d: PgOutputDecoder, payload: bytes) -> None:
+    """Decode, then read every row: the decoder leaves a row's check (beyond its column count
+    and framing it must walk) to the row's consumer, here its first use."""
+    for event in d.decode(payload, AT):
+        for row in (getattr(event, "new", None), getattr(event, "old", None)):
+            if row is not None:
+                tuple(row)
+
+
 @pytest.mark.parametrize(("proto", "setup", "payload"), SAMPLES, ids=lambda v: repr(v)[:20])
 def test_every_truncation_is_a_decode_error(
     proto: int, setup: Sequence[bytes], payload: bytes
@@ -620,7 +630,7 @@ def test_every_truncation_is_a_decode_error(
     for cut in range(len(payload)):
         d = decoder(proto, *setup, streaming=streaming)
         with pytest.raises(DecodeError):
-            d.decode(payload[:cut], AT)
+            decoded_and_read(d, payload[:cut])
 
 
 @pytest.mark.parametrize(("proto", "setup", "payload"), SAMPLES, ids=lambda v: repr(v)[:20])
@@ -629,7 +639,7 @@ def test_trailing_bytes_are_a_decode_error(
 ) -> None:
     for extra in (b"\x00", b"garbage"):
         with pytest.raises(DecodeError):
-            decoder(proto, *setup).decode(payload + extra, AT)
+            decoded_and_read(decoder(proto, *setup), payload + extra)
 
 
 @pytest.mark.parametrize(
@@ -651,9 +661,13 @@ def test_trailing_bytes_are_a_decode_error(
     ],
 )
 def test_malformed_messages_say_what_is_wrong(payload: bytes, match: str) -> None:
+    """At decode time, or (a row the decoder does not walk) when the batch holding the row is
+    checked, naming the message; and when the row is first read."""
     with pytest.raises(DecodeError, match=match) as caught:
-        decoder(1, USERS).decode(payload, AT)
+        decode_batch(decoder(1, USERS), [payload], [AT])
     assert f"LSN {AT}" in str(caught.value)
+    with pytest.raises(DecodeError, match=match):
+        decoded_and_read(decoder(1, USERS), payload)
 
 
 def test_out_of_range_timestamp_is_a_decode_error() -> None:
