@@ -14,8 +14,17 @@ import pytest
 
 from pgcdc.cli.outputs import JsonOutput, TextOutput, json_value, open_output_file
 from pgcdc.decoding.values import BoundedList, Interval, PgDate, PgTimestamp
-from pgcdc.errors import OutputError
-from pgcdc.events import UNCHANGED_TOAST, Column, Event, Insert, Message, Table, Update
+from pgcdc.errors import DecodeError, OutputError
+from pgcdc.events import (
+    UNCHANGED_TOAST,
+    Column,
+    EncodedRow,
+    Event,
+    Insert,
+    Message,
+    Table,
+    Update,
+)
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
 
@@ -131,3 +140,23 @@ def test_output_file_is_appended_and_fsynced(tmp_path: Path) -> None:
     assert path.read_bytes() == b"before\nBEGIN 1\nCOMMIT 1\n"
     with pytest.raises(OutputError, match="could not open output file"):
         open_output_file(str(tmp_path / "missing" / "out"))
+
+
+@pytest.mark.parametrize("output", [JsonOutput, TextOutput])
+def test_a_malformed_row_is_a_decode_error_naming_the_change(
+    output: type[JsonOutput] | type[TextOutput],
+) -> None:
+    """pgoutput's rows reach the outputs unchecked: the output, their consumer, refuses a
+    malformed one when it reads it, writes nothing of its transaction and confirms nothing."""
+    stream = io.BytesIO()
+    out = output(stream)
+    good = Insert(LSN(0x18), TABLE, EncodedRow.from_values(("1", "a")))
+    bad = Insert(LSN(0x19), TABLE, EncodedRow(b"\x00\x02t\x00\x00\x00\x09x"))
+    assert out.append(txn(0x20, good))
+    written = stream.getvalue()
+    with pytest.raises(DecodeError) as error:
+        out.append(txn(0x30, good, bad))
+    message = str(error.value)
+    assert "Insert at LSN 0/19 of public.t" in message and "runs past the end" in message
+    assert stream.getvalue() == written
+    assert out.last_commit_lsn == LSN(0x20) and out.flush() == LSN(0x28)
