@@ -160,3 +160,22 @@ def test_a_malformed_row_is_a_decode_error_naming_the_change(
     assert "Insert at LSN 0/19 of public.t" in message and "runs past the end" in message
     assert stream.getvalue() == written
     assert out.last_commit_lsn == LSN(0x20) and out.flush() == LSN(0x28)
+
+
+@pytest.mark.parametrize("output", [JsonOutput, TextOutput])
+def test_a_row_with_an_encoded_surrogate_is_a_decode_error_naming_the_change(
+    output: type[JsonOutput] | type[TextOutput],
+) -> None:
+    """Rows are read allowing lone surrogates (the change log keeps bytes as they came); no
+    UTF8 server sends one, so an output meeting one names the malformed change."""
+    stream = io.BytesIO()
+    out = output(stream)
+    surrogate = "\ud800".encode("utf-8", "surrogatepass")
+    bad = Insert(
+        LSN(0x19), TABLE, EncodedRow(b"\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x03" + surrogate)
+    )
+    with pytest.raises(DecodeError) as error:
+        out.append(txn(0x30, bad))
+    message = str(error.value)
+    assert "Insert at LSN 0/19 of public.t" in message and "surrogate" in message
+    assert stream.getvalue() == b""

@@ -216,7 +216,26 @@ class TextOutput(_FileOutput):
                 f"cannot write {type(event).__name__} at {event.lsn} as test_decoding text: "
                 f"{error}; use --format json or --format changelog for this stream"
             ) from None
-        return text.encode(self._encoding) + b"\n"
+        return _encoded(event, text, self._encoding) + b"\n"
+
+
+def _encoded(event: Event, text: str, encoding: str) -> bytes:
+    """``text``, the rendering of ``event``, in ``encoding``. Rows are read allowing lone
+    surrogates (the change log keeps such bytes as they came), which no UTF8 server sends: a
+    row holding one is malformed, and so named; a character the encoding lacks is an
+    OutputError."""
+    try:
+        return text.encode(encoding)
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start : error.end]
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in bad):
+            raise _unwritable(
+                event, DecodeError(f"a text value holds an encoded surrogate ({bad!a})")
+            ) from None
+        raise OutputError(
+            f"cannot write {type(event).__name__} at {event.lsn} in {encoding}: {error.reason} "
+            f"({bad!a}); write UTF-8 (--format json, or a UTF8 client encoding)"
+        ) from None
 
 
 def _unwritable(event: Event, error: DecodeError) -> DecodeError:
@@ -330,8 +349,9 @@ class JsonOutput(_FileOutput):
             if body is None:
                 continue
             record = {"operation": body.pop("operation"), "lsn": str(event.lsn), **header, **body}
-            lines.append(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-        return "".join(lines).encode("utf-8")
+            line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+            lines.append(_encoded(event, line, "utf-8"))
+        return b"".join(lines)
 
     def _learn_type(self, oid: int) -> None:
         if self._type_lookup is not None and oid not in self._types:

@@ -545,6 +545,9 @@ def _one_by_one(
     return events, batches
 
 
+_CHECK_BYTES = 1 << 30
+
+
 def _check_rows(
     decoder: PgOutputDecoder,
     messages: tuple[Sequence[bytes | memoryview], Sequence[LSN]],
@@ -568,11 +571,17 @@ def _check_rows(
             if type(row) is EncodedRow:
                 owners.append(index)
                 datas.append(row.data)
-    if not datas:
-        return
-    found = columnar.first_unreadable_row(pa.array(datas, pa.binary()), text="strict")
-    if found is not None:
-        row_index, reason = found
-        index = owners[row_index]
-        payloads, lsns = messages
-        raise decoder._malformed(payloads[index], lsns[index], reason)
+    start = 0
+    while start < len(datas):
+        # Arrow's binary arrays hold up to 2 GiB: check the rows in slices below that.
+        stop, size = start, 0
+        while stop < len(datas) and (stop == start or size + len(datas[stop]) < _CHECK_BYTES):
+            size += len(datas[stop])
+            stop += 1
+        found = columnar.first_unreadable_row(pa.array(datas[start:stop], pa.binary()), "strict")
+        if found is not None:
+            row_index, reason = found
+            index = owners[start + row_index]
+            payloads, lsns = messages
+            raise decoder._malformed(payloads[index], lsns[index], reason)
+        start = stop

@@ -651,8 +651,10 @@ class PgOutputDecoder:
 
 
 def _restore(
-    state: DecoderState, proto_version: int, streaming: Streaming | None
+    state: DecoderState, proto_version: int, streaming: Streaming | None, *_row_mode: object
 ) -> PgOutputDecoder:
+    """Unpickle a decoder (one pickled before rows had one form also carries its row mode,
+    which is ignored now)."""
     return PgOutputDecoder(state, proto_version=proto_version, streaming=streaming)
 
 
