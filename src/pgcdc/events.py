@@ -7,9 +7,10 @@ them: ``str`` for text format, ``bytes`` for binary format, ``None`` for SQL NUL
 ``pgcdc.decoding.values`` turns them into typed Python or Arrow values; keeping them raw here is
 what lets the receiver log changes without paying for type conversion it does not need.
 
-A ``Row`` is any sequence of raw values. pgoutput's rows are always ``EncodedRow``s, which keep
-the row in TupleData wire form and decode it only when a value is looked at (or the batch
-holding it is checked); the text plugins' rows, parsed from text, are tuples. The receiver logs
+A ``Row`` is any sequence of raw values. The decoders' rows are always ``EncodedRow``s, which
+keep the row in TupleData wire form and decode it only when a value is looked at (or the batch
+holding it is checked): pgoutput's as the server sent them, the text plugins' (test_decoding,
+mppdb_decoding) made from the values they parsed, which they keep. The receiver logs
 ``EncodedRow`` bytes as they came; the Spark executors decode them, in parallel. What a valid
 TupleData is, and how it is read and written, is ``pgcdc.tupledata``'s (re-exported here).
 """

@@ -602,7 +602,8 @@ class _Copier:
                     reader.finish()
                 else:
                     for line in copy:
-                        batch.append(Insert(lsn, table, parse_copy_text_row(line, width)))
+                        row = EncodedRow.from_values(parse_copy_text_row(line, width))
+                        batch.append(Insert(lsn, table, row))
                         size += len(line)
                         if len(batch) >= BATCH_ROWS or size >= BATCH_BYTES:
                             if not self._put(batch):

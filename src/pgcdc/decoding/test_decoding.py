@@ -45,6 +45,7 @@ from pgcdc.events import (
     Commit,
     CommitPrepared,
     Delete,
+    EncodedRow,
     Event,
     Insert,
     Message,
@@ -475,9 +476,13 @@ class TestDecodingDecoder:
             cursor.end()
             if old_columns is None:
                 table = self._state.tables.get((namespace, name)) or Table(namespace, name, ())
-                return [Delete(lsn, table, ())]
+                return [Delete(lsn, table, _NO_ROW)]
             table, old_row = self._old_row(namespace, name, old_columns, old_values)
-            return [Delete(lsn, table, old_row, old_is_key=len(old_columns) < len(table.columns))]
+            return [
+                Delete(
+                    lsn, table, _encoded(old_row), old_is_key=len(old_columns) < len(table.columns)
+                )
+            ]
         old_part: tuple[list[Column], list[RawValue]] | None = None
         if action == "UPDATE:" and cursor.take(" old-key:"):
             old_part = cursor.columns(stop=" new-tuple:")
@@ -496,14 +501,16 @@ class TestDecodingDecoder:
         if action == "INSERT:":
             if old_part is not None:
                 raise _Malformed("INSERT with an old tuple")
-            events.append(Insert(lsn, table, new))
+            events.append(Insert(lsn, table, _encoded(new)))
             return events
         old: Row | None = None
         old_is_key = False
         if old_part is not None:
             old = _widen(table, *old_part)
             old_is_key = len(old_part[0]) < len(table.columns)
-        events.append(Update(lsn, table, new, old, old_is_key))
+        events.append(
+            Update(lsn, table, _encoded(new), None if old is None else _encoded(old), old_is_key)
+        )
         return events
 
     def _old_row(
@@ -532,6 +539,12 @@ class TestDecodingDecoder:
         cursor.end()
         tables = tuple(self._state.tables.get(n) or Table(n[0], n[1], ()) for n in names)
         return Truncate(lsn, tables, "cascade" in flags, "restart_seqs" in flags)
+
+
+# Rows are EncodedRows, as pgoutput's are (one row form); made from the parsed values, which
+# they keep, so reading them costs nothing more.
+_encoded = EncodedRow.from_values
+_NO_ROW = EncodedRow.from_values(())
 
 
 def _widen(table: Table, columns: list[Column], values: list[RawValue]) -> Row:
