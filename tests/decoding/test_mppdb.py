@@ -22,7 +22,18 @@ from pgcdc.decoding.mppdb import (
     split_sending_batch,
 )
 from pgcdc.errors import DecodeError, InvalidOption, InvalidTablePattern, UnsupportedFeature
-from pgcdc.events import Begin, Column, Commit, Delete, Heartbeat, Insert, Relation, Table, Update
+from pgcdc.events import (
+    Begin,
+    Column,
+    Commit,
+    Delete,
+    EncodedRow,
+    Heartbeat,
+    Insert,
+    Relation,
+    Table,
+    Update,
+)
 from pgcdc.lsn import LSN
 from tests.conftest import examples
 
@@ -185,6 +196,10 @@ def test_updates_and_deletes() -> None:
     assert events == [Delete(LSN(5), TABLE, ("1", None, None, None), True)]
     events = decode(batch(record(6, change(b"D", "public", "t1", None, None))), decoder)
     assert events == [Delete(LSN(6), TABLE, ())]
+    # One row form: rows are EncodedRows, as pgoutput's are.
+    deleted, updated = events[0], no_old[0]
+    assert isinstance(deleted, Delete) and isinstance(updated, Update)
+    assert type(deleted.old) is EncodedRow and type(updated.new) is EncodedRow
     # A table first seen in a DELETE is described by the columns the old tuple shows.
     events = decode(batch(record(7, change(b"D", "s", "other", None, key_only))))
     assert events == [Delete(LSN(7), Table("s", "other", (Column("id", 23),)), ("1",), True)]

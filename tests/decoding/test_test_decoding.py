@@ -26,6 +26,7 @@ from pgcdc.events import (
     Commit,
     CommitPrepared,
     Delete,
+    EncodedRow,
     Event,
     Insert,
     Message,
@@ -116,6 +117,9 @@ def test_insert_values_and_types() -> None:
     assert event.table.columns[14].type_name == '"My Schema"."we]ird"'
     assert event.xid is None
     assert format_test_decoding(event) == line
+    # One row form: the row is an EncodedRow, as pgoutput's are, whose bytes read back the same.
+    row: object = event.new
+    assert isinstance(row, EncodedRow) and EncodedRow(row.data) == row
 
 
 def test_relation_only_when_columns_change() -> None:
