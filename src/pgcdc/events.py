@@ -153,6 +153,9 @@ class EncodedRow(Sequence[RawValue]):
 
 
 Row: TypeAlias = Sequence[RawValue]
+
+# The row of a change the server sent without one (a DELETE under REPLICA IDENTITY NOTHING).
+EMPTY_ROW = EncodedRow.from_values(())
 """A tuple of raw values or an ``EncodedRow``."""
 
 

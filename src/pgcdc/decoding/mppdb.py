@@ -31,6 +31,7 @@ from typing import Literal
 
 from pgcdc.errors import DecodeError, InvalidOption, InvalidTablePattern, UnsupportedFeature
 from pgcdc.events import (
+    EMPTY_ROW,
     Begin,
     Column,
     Commit,
@@ -46,11 +47,6 @@ from pgcdc.events import (
     Update,
 )
 from pgcdc.lsn import LSN
-
-# Rows are EncodedRows, as pgoutput's are (one row form); made from the parsed values, which
-# they keep, so reading them costs nothing more.
-_encoded = EncodedRow.from_values
-_NO_ROW = EncodedRow.from_values(())
 
 __all__ = [
     "DecodeStyle",
@@ -379,9 +375,9 @@ class MppdbDecoder:
                 raise reader.error("DELETE with a new tuple")
             table = self._state.tables.get((schema, name)) or Table(schema, name, ())
             if old is None:
-                return [Delete(lsn, table, _NO_ROW)]
+                return [Delete(lsn, table, EMPTY_ROW)]
             table, old_row, is_key = self._old_row(schema, name, *old)
-            return [Delete(lsn, table, _encoded(old_row), old_is_key=is_key)]
+            return [Delete(lsn, table, EncodedRow.from_values(old_row), old_is_key=is_key)]
         if kind == b"I" and old is not None:
             raise reader.error("INSERT with an old tuple")
         if new is None:
@@ -394,17 +390,21 @@ class MppdbDecoder:
                 events.append(Relation(lsn, table))
             new_row = tuple(new[1])
         if kind == b"I":
-            events.append(Insert(lsn, table, _encoded(new_row)))
+            events.append(Insert(lsn, table, EncodedRow.from_values(new_row)))
             return events
         if old is None:
-            events.append(Update(lsn, table, _encoded(new_row)))
+            events.append(Update(lsn, table, EncodedRow.from_values(new_row)))
             return events
         if not table.columns:
             table, old_row, is_key = self._old_row(schema, name, *old)
         else:
             old_row = _widen(table, *old, reader)
             is_key = len(old[0]) < len(table.columns)
-        events.append(Update(lsn, table, _encoded(new_row), _encoded(old_row), is_key))
+        events.append(
+            Update(
+                lsn, table, EncodedRow.from_values(new_row), EncodedRow.from_values(old_row), is_key
+            )
+        )
         return events
 
     def _old_row(

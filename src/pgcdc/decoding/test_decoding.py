@@ -39,6 +39,7 @@ from datetime import datetime, timedelta, timezone
 from pgcdc.decoding.pgtypes import BY_NAME, BY_OID, BY_SQL_NAME
 from pgcdc.errors import DecodeError, MissingOutputData
 from pgcdc.events import (
+    EMPTY_ROW,
     UNCHANGED_TOAST,
     Begin,
     Column,
@@ -476,11 +477,14 @@ class TestDecodingDecoder:
             cursor.end()
             if old_columns is None:
                 table = self._state.tables.get((namespace, name)) or Table(namespace, name, ())
-                return [Delete(lsn, table, _NO_ROW)]
+                return [Delete(lsn, table, EMPTY_ROW)]
             table, old_row = self._old_row(namespace, name, old_columns, old_values)
             return [
                 Delete(
-                    lsn, table, _encoded(old_row), old_is_key=len(old_columns) < len(table.columns)
+                    lsn,
+                    table,
+                    EncodedRow.from_values(old_row),
+                    old_is_key=len(old_columns) < len(table.columns),
                 )
             ]
         old_part: tuple[list[Column], list[RawValue]] | None = None
@@ -501,7 +505,7 @@ class TestDecodingDecoder:
         if action == "INSERT:":
             if old_part is not None:
                 raise _Malformed("INSERT with an old tuple")
-            events.append(Insert(lsn, table, _encoded(new)))
+            events.append(Insert(lsn, table, EncodedRow.from_values(new)))
             return events
         old: Row | None = None
         old_is_key = False
@@ -509,7 +513,13 @@ class TestDecodingDecoder:
             old = _widen(table, *old_part)
             old_is_key = len(old_part[0]) < len(table.columns)
         events.append(
-            Update(lsn, table, _encoded(new), None if old is None else _encoded(old), old_is_key)
+            Update(
+                lsn,
+                table,
+                EncodedRow.from_values(new),
+                None if old is None else EncodedRow.from_values(old),
+                old_is_key,
+            )
         )
         return events
 
@@ -539,12 +549,6 @@ class TestDecodingDecoder:
         cursor.end()
         tables = tuple(self._state.tables.get(n) or Table(n[0], n[1], ()) for n in names)
         return Truncate(lsn, tables, "cascade" in flags, "restart_seqs" in flags)
-
-
-# Rows are EncodedRows, as pgoutput's are (one row form); made from the parsed values, which
-# they keep, so reading them costs nothing more.
-_encoded = EncodedRow.from_values
-_NO_ROW = EncodedRow.from_values(())
 
 
 def _widen(table: Table, columns: list[Column], values: list[RawValue]) -> Row:
