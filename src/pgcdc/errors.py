@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 from typing import Any
 
@@ -358,3 +359,27 @@ class CheckpointUnavailable(PipelineQueryError):
     """Spark cannot keep its checkpoint at the path given: its JVM has no file system for that
     scheme (pyspark ships no hadoop-aws, so ``s3a://`` fails). Keep the checkpoint on a file
     system the driver owns."""
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """An exception of ``cls`` without calling its ``__init__`` (some take keyword-only
+    arguments, which plain pickling of exceptions cannot pass)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+def portable(exc: BaseException) -> tuple[Any, ...]:
+    """``exc`` as (rebuild function, arguments) that pickle, to cross into another process
+    (the receiver's, a Spark task's) and be raised there as itself; else as a
+    ReceiverProcessError naming its type."""
+    for state in (dict(exc.__dict__), {}):
+        candidate = (_rebuild, (type(exc), exc.args, state))
+        try:
+            pickle.loads(pickle.dumps(candidate))
+        except Exception:
+            continue
+        return candidate
+    message = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    return (ReceiverProcessError, (message,))

@@ -42,13 +42,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgcdc.connection.catalog import type_closure, type_event
-from pgcdc.connection.commands import supports_failover
+from pgcdc.connection.commands import CreatedSlot, supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
@@ -72,6 +73,7 @@ from pgcdc.events import (
     Row,
     Table,
     Truncate,
+    encode_tuple_data,
     field_setters,
 )
 from pgcdc.lsn import LSN
@@ -82,13 +84,17 @@ __all__ = [
     "COPY_FORMATS",
     "DEFAULT_CHUNK_PAGES",
     "Chunk",
+    "SnapshotPlan",
     "SnapshotProgress",
     "SnapshotResult",
     "SnapshotTable",
+    "copy_chunk",
     "copy_query",
+    "exported_slot",
     "inserts",
     "parse_copy_text_row",
     "plan_chunks",
+    "plan_snapshot",
     "recopy_tables",
     "snapshot_tables",
     "take_snapshot",
@@ -454,6 +460,39 @@ def inserts(lsn: LSN, table: Table, rows: Sequence[bytes]) -> list[Event]:
     return events
 
 
+def copy_chunk(conn: psycopg.Connection[Any], chunk: Chunk) -> Iterator[tuple[list[bytes], int]]:
+    """COPY one chunk on ``conn`` (inside the exported snapshot): its rows as TupleData
+    (``EncodedRow`` bytes; pgoutput's binary mode for a binary copy, its text mode for a text
+    one), in batches of about ``BATCH_ROWS`` rows or ``BATCH_BYTES``, each with the COPY bytes
+    it was read from. The last batch may be empty."""
+    width = len(chunk.table.table.columns)
+    with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
+        if chunk.table.binary:
+            reader = CopyBinaryReader(width)
+            # The messages in one buffer, and where each ends (one tuple each).
+            received = bytearray()
+            ends: list[int] = []
+            for data in copy:
+                received += data
+                ends.append(len(received))
+                if len(ends) >= BATCH_ROWS or len(received) >= BATCH_BYTES:
+                    yield reader.read_joined(bytes(received), ends), len(received)
+                    received, ends = bytearray(), []
+            last = reader.read_joined(bytes(received), ends)
+            reader.finish()
+            yield last, len(received)
+        else:
+            rows: list[bytes] = []
+            size = 0
+            for line in copy:
+                rows.append(encode_tuple_data(parse_copy_text_row(line, width)))
+                size += len(line)
+                if len(rows) >= BATCH_ROWS or size >= BATCH_BYTES:
+                    yield rows, size
+                    rows, size = [], 0
+            yield rows, size
+
+
 # --- taking the snapshot ---------------------------------------------------------------------
 
 
@@ -578,44 +617,15 @@ class _Copier:
             except queue.Empty:
                 return
             table = chunk.table.table
-            width = len(table.columns)
-            batch: list[Event] = []
-            size = rows = total = 0
-            with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
-                if chunk.table.binary:
-                    reader = CopyBinaryReader(width)
-                    # The messages in one buffer, and where each ends (one tuple each).
-                    received = bytearray()
-                    ends: list[int] = []
-                    for data in copy:
-                        received += data
-                        ends.append(len(received))
-                        if len(ends) >= BATCH_ROWS or len(received) >= BATCH_BYTES:
-                            batch = inserts(lsn, table, reader.read_joined(bytes(received), ends))
-                            if not self._put(batch):
-                                return
-                            rows += len(batch)
-                            total += len(received)
-                            batch, received, ends = [], bytearray(), []
-                    batch = inserts(lsn, table, reader.read_joined(bytes(received), ends))
-                    size = len(received)
-                    reader.finish()
-                else:
-                    for line in copy:
-                        row = EncodedRow.from_values(parse_copy_text_row(line, width))
-                        batch.append(Insert(lsn, table, row))
-                        size += len(line)
-                        if len(batch) >= BATCH_ROWS or size >= BATCH_BYTES:
-                            if not self._put(batch):
-                                return
-                            rows += len(batch)
-                            total += size
-                            batch, size = [], 0
-            if batch and not self._put(batch):
-                return
+            rows = size = 0
+            for data, read in copy_chunk(conn, chunk):
+                if not self._put(inserts(lsn, table, data)):
+                    return
+                rows += len(data)
+                size += read
             with self.count_lock:
-                self.rows += rows + len(batch)
-                self.bytes += total + size
+                self.rows += rows
+                self.bytes += size
                 self.chunks_done += 1
                 self.pages_done += _chunk_pages(chunk)
 
@@ -745,6 +755,29 @@ def take_snapshot(
         raise InvalidOption(f"workers must be at least 1, not {workers}")
     if chunk_pages < 1:
         raise InvalidOption(f"chunk_pages must be at least 1, not {chunk_pages}")
+    with exported_slot(conninfo, slot, plugin, failover=failover) as created:
+        return _copy(
+            conninfo,
+            created.consistent_point,
+            created.snapshot_name,
+            sink=sink,
+            tables=tables,
+            publications=publications,
+            workers=workers,
+            chunk_pages=chunk_pages,
+            session_settings=session_settings,
+            copy_format=copy_format,
+            on_progress=on_progress,
+        )
+
+
+@contextlib.contextmanager
+def exported_slot(
+    conninfo: str, slot: str, plugin: str = "pgoutput", *, failover: bool = False
+) -> Iterator[CreatedSlot]:
+    """Create ``slot``, exporting its snapshot, which lives while this block runs (the
+    exporting connection stays open and idle). A failure inside drops the slot again, so a
+    retry can create it; the error says whether that worked."""
     exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
     try:
         try:
@@ -761,25 +794,46 @@ def take_snapshot(
                 f"it starts streaming. Choose another slot name, or drop it (SELECT "
                 f"pg_drop_replication_slot('{slot}')) if its changes are not needed"
             ) from error
+        if not created.snapshot_name:
+            raise SnapshotError("the server created the slot but exported no snapshot")
         try:
-            return _copy(
-                conninfo,
-                created.consistent_point,
-                created.snapshot_name,
-                sink=sink,
-                tables=tables,
-                publications=publications,
-                workers=workers,
-                chunk_pages=chunk_pages,
-                session_settings=session_settings,
-                copy_format=copy_format,
-                on_progress=on_progress,
-            )
+            yield created
         except BaseException as error:
             error.add_note(_drop_slot(exporter, slot))
             raise
     finally:
         exporter.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPlan:
+    """What a snapshot copies, as its exported snapshot sees the catalog."""
+
+    tables: tuple[SnapshotTable, ...]
+    # The non-built-in column types, as the receiver logs them from pgoutput's Type messages.
+    types: dict[int, TypeInfo]
+    # When the snapshot was taken: its rows' commit time (the sinks record one per change).
+    taken_at: datetime | None
+
+
+def plan_snapshot(
+    conninfo: str,
+    snapshot_name: str,
+    *,
+    tables: Sequence[str] | None,
+    publications: Sequence[str],
+    session_settings: Mapping[str, str] | None,
+    copy_format: str = "auto",
+) -> SnapshotPlan:
+    """Look up, inside the exported snapshot, the tables to copy, their column types and the
+    COPY format each takes."""
+    with open_worker(conninfo, snapshot_name, session_settings) as planner:
+        specs = snapshot_tables(planner, tables, publications)
+        taken_at = planner.execute("SELECT now()").fetchone()
+        types = type_closure(planner, {c.type_oid for s in specs for c in s.table.columns})
+        specs = with_copy_formats(planner, specs, types, copy_format, session_settings)
+        planner.rollback()
+    return SnapshotPlan(tuple(specs), dict(types), taken_at[0] if taken_at else None)
 
 
 def _copy(
@@ -814,16 +868,15 @@ def _copy(
             f"the sink already holds transactions up to {sink.last_commit_lsn}, at or past the "
             f"snapshot's consistent point {consistent_point}; {fix}"
         )
-    with open_worker(conninfo, snapshot_name, session_settings) as planner:
-        specs = snapshot_tables(planner, tables, publications)
-        # The snapshot's rows carry the time it was taken as their commit time (the sinks
-        # record one for every change).
-        taken_at = planner.execute("SELECT now()").fetchone()
-        # The non-built-in column types, as the receiver logs them from pgoutput's Type
-        # messages, so that the snapshot's rows are typed as the stream's are.
-        types = type_closure(planner, {c.type_oid for s in specs for c in s.table.columns})
-        specs = with_copy_formats(planner, specs, types, copy_format, session_settings)
-        planner.rollback()
+    planned = plan_snapshot(
+        conninfo,
+        snapshot_name,
+        tables=tables,
+        publications=publications,
+        session_settings=session_settings,
+        copy_format=copy_format,
+    )
+    specs, types = planned.tables, planned.types
     chunks = plan_chunks(specs, chunk_pages)
     lsn = LSN(consistent_point)
     copier = _Copier(
@@ -850,7 +903,7 @@ def _copy(
             xid=None,
             commit_lsn=commit_lsn,
             end_lsn=lsn,
-            commit_time=taken_at[0] if taken_at else None,
+            commit_time=planned.taken_at,
             events=events(),
         )
         if not sink.append(txn):

@@ -24,9 +24,9 @@ from pgcdc.errors import (
     PipelineQueryError,
     ReceiverProcessError,
     SlotInUse,
+    portable,
 )
 from pgcdc.lsn import LSN
-from pgcdc.pipeline.process import _portable
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
@@ -93,7 +93,7 @@ def _lsn(db: Database) -> LSN:
 
 def test_portable_errors_keep_their_type_and_fields() -> None:
     error = SlotInUse("slot s is active for PID 7", slot="s", active_pid=7)
-    rebuild, args = pickle.loads(pickle.dumps(_portable(error)))
+    rebuild, args = pickle.loads(pickle.dumps(portable(error)))
     copy = rebuild(*args)
     assert type(copy) is SlotInUse
     assert (str(copy), copy.slot, copy.active_pid) == (str(error), "s", 7)
@@ -101,7 +101,7 @@ def test_portable_errors_keep_their_type_and_fields() -> None:
     class Local(Exception):  # not importable by name: cannot be sent as itself
         pass
 
-    rebuild, args = pickle.loads(pickle.dumps(_portable(Local("boom"))))
+    rebuild, args = pickle.loads(pickle.dumps(portable(Local("boom"))))
     copy = rebuild(*args)
     assert isinstance(copy, ReceiverProcessError) and "Local: boom" in str(copy)
 

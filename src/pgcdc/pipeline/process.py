@@ -19,7 +19,6 @@ import contextlib
 import faulthandler
 import logging
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -28,10 +27,10 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pgcdc
-from pgcdc.errors import ReceiverProcessError, storage_error
+from pgcdc.errors import ReceiverProcessError, portable, storage_error
 from pgcdc.lsn import LSN
 from pgcdc.receiver import ReceiverProgress
 
@@ -49,28 +48,6 @@ _CHILD = (
 )
 # After the parent died, how long the child may take to flush before it exits regardless.
 ORPHAN_EXIT_SECONDS = 10.0
-
-
-def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
-    """An exception of ``cls`` without calling its ``__init__`` (some take keyword-only
-    arguments, which plain pickling of exceptions cannot pass)."""
-    exc = cls.__new__(cls, *args)
-    exc.args = args
-    exc.__dict__.update(state)
-    return exc
-
-
-def _portable(exc: BaseException) -> tuple[Any, ...]:
-    """``exc`` as (rebuild function, arguments) that pickle, else a ReceiverProcessError."""
-    for state in (dict(exc.__dict__), {}):
-        candidate = (_rebuild, (type(exc), exc.args, state))
-        try:
-            pickle.loads(pickle.dumps(candidate))
-        except Exception:
-            continue
-        return candidate
-    message = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-    return (ReceiverProcessError, (message,))
 
 
 class _PipeHandler(logging.Handler):
@@ -131,7 +108,7 @@ def _child(messages: Connection, control: Connection) -> None:
         if isinstance(exc, OSError):  # its filename does not survive the pipe: say it here
             exc = storage_error(exc)
         with lock:
-            messages.send(("error", _portable(exc), text))
+            messages.send(("error", portable(exc), text))
         return
     with lock:
         messages.send(("done", progress))

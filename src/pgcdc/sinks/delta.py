@@ -610,10 +610,11 @@ def _rows(dspec: c.TableSpec, changes: pa.Table, rows: pa.Array) -> pa.Table:
 
 
 def _number_copies(
-    dspec: c.TableSpec, table: DeltaTable, changes: pa.Table, *, current_only: bool
+    dspec: c.TableSpec, table: DeltaTable | None, changes: pa.Table, *, current_only: bool
 ) -> pa.Table:
     """``changes`` with the copy numbers of their new and old rows (``keys`` module docstring),
-    for keyless REPLICA IDENTITY FULL tables; other tables' rows are unique by their key."""
+    for keyless REPLICA IDENTITY FULL tables; other tables' rows are unique by their key.
+    ``table`` None: the rows land in an empty table."""
     if not k.counts_copies(dspec):
         return changes
     ops: list[str] = changes.column(c.OP).to_pylist()
@@ -622,7 +623,7 @@ def _number_copies(
     touched = {key for key, op in zip(new, ops, strict=True) if op in (c.INSERT, c.UPDATE)}
     touched |= {key for key in old if key is not None}
     counts: dict[bytes, int] = {}
-    if touched and _has_data(table):
+    if touched and table is not None and _has_data(table):
         predicate = _key_in(pa.array(list(touched), k.KEY_TYPE))
         if current_only:
             predicate = predicate & (pc.field(IS_CURRENT) == pa.scalar(True))
@@ -645,6 +646,18 @@ def _number_copies(
             copies[row] = counts.setdefault(new[row], 1) or 1
     changes = changes.append_column(k.COPY, pa.array(copies, k.COPY_TYPE))
     return changes.append_column(k.OLD_COPY, pa.array(old_copies, k.COPY_TYPE))
+
+
+def _mirror_rows(
+    dspec: c.TableSpec, changes: pa.Table, rows: pa.Table, lineage: Sequence[int]
+) -> pa.Table:
+    """Mirror rows: the values of ``rows`` with the commit and identity of the changes
+    (``lineage``) that wrote them."""
+    rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
+    rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
+    for name in k.identity_columns(dspec):
+        rows = rows.append_column(name, _take(changes, name, lineage))
+    return rows
 
 
 def _write_mirror(
@@ -676,10 +689,7 @@ def _write_mirror(
         )
         rows = assemble(dspec, changes, upserts, target, target_rows)
         lineage = [v.row for v in upserts]
-    rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
-    rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
-    for name in k.identity_columns(dspec):
-        rows = rows.append_column(name, _take(changes, name, lineage))
+    rows = _mirror_rows(dspec, changes, rows, lineage)
     if not _has_data(table):
         write_deltalake(table, align(rows, schema), mode="append", commit_properties=commit)
         return
@@ -728,6 +738,27 @@ def _ended(changes: pa.Table, column: str, ends: np.ndarray[Any, Any], open_valu
     return pc.fill_null(array.take(indices), pa.scalar(open_value, array.type))
 
 
+def _history_rows(
+    dspec: c.TableSpec,
+    changes: pa.Table,
+    rows: pa.Table,
+    starts: np.ndarray[Any, Any],
+    ends: np.ndarray[Any, Any],
+) -> pa.Table:
+    """History versions: the values of ``rows``, opened by change ``starts`` and closed by
+    change ``ends`` (-1: still current)."""
+    start_rows = pa.array(starts, pa.int64())
+    rows = rows.append_column(c.OP, changes.column(c.OP).take(start_rows))
+    rows = rows.append_column(VALID_FROM_LSN, changes.column(c.COMMIT_LSN).take(start_rows))
+    rows = rows.append_column(VALID_TO_LSN, _ended(changes, c.COMMIT_LSN, ends, LSN_INFINITY))
+    rows = rows.append_column(VALID_FROM_TIME, changes.column(c.COMMIT_TIME).take(start_rows))
+    rows = rows.append_column(VALID_TO_TIME, _ended(changes, c.COMMIT_TIME, ends, TIME_INFINITY))
+    rows = rows.append_column(IS_CURRENT, pa.array(ends < 0, pa.bool_()))
+    for name in k.identity_columns(dspec):
+        rows = rows.append_column(name, changes.column(name).take(start_rows))
+    return rows
+
+
 def _write_history(
     path: str,
     dspec: c.TableSpec,
@@ -763,15 +794,7 @@ def _write_history(
         closed = list(p.target_closed)
         closed_keys = pa.table(_key_rows(dspec, closed))
         closed_ends = np.array([p.target_closed[k] for k in closed], dtype=np.int64)
-    start_rows = pa.array(starts, pa.int64())
-    rows = rows.append_column(c.OP, changes.column(c.OP).take(start_rows))
-    rows = rows.append_column(VALID_FROM_LSN, changes.column(c.COMMIT_LSN).take(start_rows))
-    rows = rows.append_column(VALID_TO_LSN, _ended(changes, c.COMMIT_LSN, ends, LSN_INFINITY))
-    rows = rows.append_column(VALID_FROM_TIME, changes.column(c.COMMIT_TIME).take(start_rows))
-    rows = rows.append_column(VALID_TO_TIME, _ended(changes, c.COMMIT_TIME, ends, TIME_INFINITY))
-    rows = rows.append_column(IS_CURRENT, pa.array(ends < 0, pa.bool_()))
-    for name in k.identity_columns(dspec):
-        rows = rows.append_column(name, changes.column(name).take(start_rows))
+    rows = _history_rows(dspec, changes, rows, starts, ends)
     if (closed_keys.num_rows == 0 and truncate_row is None) or not _has_data(table):
         write_deltalake(table, align(rows, schema), mode="append", commit_properties=commit)
         return
@@ -829,6 +852,43 @@ _WRITERS = {
     SinkKind.MIRROR: _write_mirror,
     SinkKind.HISTORY: _write_history,
 }
+
+
+def initial_rows(kind: SinkKind, dspec: c.TableSpec, changes: pa.Table) -> pa.Table:
+    """What ``kind``'s writer appends to an empty table for ``changes`` (prepared): INSERTs of
+    distinct rows, as an initial snapshot's chunk holds. The same builders as every batch's,
+    so a snapshot landed from executors is what the change log path would have written."""
+    if kind is SinkKind.CHANGELOG:
+        return changes
+    if kind is SinkKind.MIRROR:
+        changes = _number_copies(dspec, None, changes, current_only=False)
+        folded = fold_mirror(dspec, changes)
+        if folded is not None and folded[1].num_rows == 0:
+            lineage = folded[0]
+            if len(lineage) == changes.num_rows:
+                return _mirror_rows(
+                    dspec, changes, _rows(dspec, changes, lineage), lineage.to_pylist()
+                )
+    else:
+        changes = _number_copies(dspec, None, changes, current_only=True)
+        history = fold_history(dspec, changes)
+        if history is not None and len(history.starts) == changes.num_rows:
+            rows = _rows(dspec, changes, pa.array(history.starts))
+            return _history_rows(dspec, changes, rows, history.starts, history.ends)
+    raise InvalidChangeBatch(
+        f"{dspec.qualified_name}: an initial snapshot's rows must be INSERTs of distinct rows, "
+        "but two share an identity; report this as a bug"
+    )
+
+
+def ensure_table(
+    path: str, kind: SinkKind, dspec: c.TableSpec, storage_options: dict[str, str] | None
+) -> DeltaTable:
+    """The Delta table of ``kind`` at ``path``, created (or evolved) for ``dspec``."""
+    table, _ = _ensure(
+        path, _SCHEMAS[kind](dspec), dspec, storage_options, _open(path, storage_options)
+    )
+    return table
 
 
 def write_table(
@@ -938,7 +998,7 @@ class DeltaSink:
     def path(self, spec: c.TableSpec, kind: SinkKind) -> str:
         return table_path(self.root, spec.namespace, spec.name, kind)
 
-    def _checked_path(self, spec: c.TableSpec, kind: SinkKind) -> str:
+    def checked_path(self, spec: c.TableSpec, kind: SinkKind) -> str:
         """``path``, once it is known not to leave behind a table an older pgcdc wrote elsewhere
         (a fresh table there would miss every row the old one holds)."""
         path = self.path(spec, kind)
@@ -995,7 +1055,7 @@ class DeltaSink:
             for kind in self.kinds_for(spec):
                 results.append(
                     _write_table(
-                        self._checked_path(spec, kind),
+                        self.checked_path(spec, kind),
                         spec,
                         prepared,
                         changes.num_rows,
