@@ -10,12 +10,15 @@ GIL, the server's COPY in separate processes.
 
 With ``--delta`` the snapshot is landed in Delta instead, as users run it: ``pgcdc pipeline run
 --once`` on a new slot, into the mirror only and into all three kinds, with 1 and 2 Spark task
-slots (``local[1]``, ``local[2]``). Its baseline is ``COPY orders TO STDOUT (FORMAT binary)``
-drained by one psycopg client. The same command on a one-row table is timed first: that fixed
-cost (Spark's start, the slot, the query's set-up) is printed and taken off each run.
+slots (``local[1]``, ``local[2]``), copied where ``--snapshot-in`` says (``executors``: Spark
+tasks write the Delta tables; ``receiver``: through the change log; both, comma-separated).
+Its baseline is ``COPY orders TO STDOUT (FORMAT binary)`` drained by one psycopg client. The
+same command on a one-row table is timed first: that fixed cost (Spark's start, the slot, the
+query's set-up) is printed and taken off each run.
 
     python3 bench/snapshot.py [--rows 1000000] [--version 18] [--chunk-pages 1024] [--delta]
                               [--copy-format auto|text|both] [--workers 1,2,4]
+                              [--masters "local[1];local[2]"] [--snapshot-in executors,receiver]
 """
 
 from __future__ import annotations
@@ -89,7 +92,14 @@ def copy_seconds(conninfo: str, options: str = "") -> float:
 
 
 def pipeline_seconds(
-    conninfo: str, publication: str, master: str, kinds: str, tmp: str, *, copy_format: str = "auto"
+    conninfo: str,
+    publication: str,
+    master: str,
+    kinds: str,
+    tmp: str,
+    *,
+    copy_format: str = "auto",
+    snapshot_in: str = "executors",
 ) -> float:
     """``pgcdc pipeline run --once`` of a new slot (the snapshot of ``publication``), timed."""
     config = Path(tmp) / "pipeline.toml"
@@ -100,6 +110,7 @@ conninfo = "{conninfo}"
 slot = "{Path(tmp).name.replace("-", "_")}"
 publications = ["{publication}"]
 snapshot_copy_format = "{copy_format}"
+snapshot_in = "{snapshot_in}"
 
 [paths]
 changelog = "{tmp}/log"
@@ -122,13 +133,19 @@ master = "{master}"
 MIRROR_ONLY = '["mirror"]'
 
 
-def fixed_cost(conninfo: str, master: str, kinds: str) -> float:
+def fixed_cost(conninfo: str, master: str, kinds: str, snapshot_in: str) -> float:
     with tempfile.TemporaryDirectory(prefix="pgcdc-bench-fixed-") as tmp:
-        return pipeline_seconds(conninfo, "tiny_pub", master, kinds, tmp)
+        return pipeline_seconds(conninfo, "tiny_pub", master, kinds, tmp, snapshot_in=snapshot_in)
 
 
 def delta_runs(
-    conninfo: str, rows: int, heap_bytes: int, copy_formats: tuple[str, ...], masters: list[str]
+    conninfo: str,
+    rows: int,
+    heap_bytes: int,
+    copy_formats: tuple[str, ...],
+    masters: list[str],
+    *,
+    places: list[str],
 ) -> None:
     """The snapshot landed in Delta against a binary COPY drained by one client."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -140,17 +157,24 @@ def delta_runs(
     print_figure("baseline: COPY orders TO STDOUT (FORMAT binary), one client", copy_rate, "rows/s")
     all_kinds = '["changelog", "mirror", "history"]'
     rates: dict[tuple[str, str], float] = {}
+    runs = [(k, f, p) for k in (MIRROR_ONLY, all_kinds) for f in copy_formats for p in places]
     for master in masters:
-        fixed = min(fixed_cost(conninfo, master, all_kinds) for _ in range(2))  # the quieter
+        fixed = min(fixed_cost(conninfo, master, all_kinds, places[0]) for _ in range(2))
         print(f"  fixed cost of a run ({master}, one-row table): {fixed:.1f} s", flush=True)
-        for kinds, copy_format in [(k, f) for k in (MIRROR_ONLY, all_kinds) for f in copy_formats]:
+        for kinds, copy_format, place in runs:
             with tempfile.TemporaryDirectory(prefix="pgcdc-bench-delta-") as tmp:
                 seconds = pipeline_seconds(
-                    conninfo, "orders_pub", master, kinds, tmp, copy_format=copy_format
+                    conninfo,
+                    "orders_pub",
+                    master,
+                    kinds,
+                    tmp,
+                    copy_format=copy_format,
+                    snapshot_in=place,
                 )
             name = (
                 f"{master}, {'mirror' if kinds == MIRROR_ONLY else 'all three kinds'}, "
-                f"copy {copy_format}"
+                f"copy {copy_format}, snapshot in {place}"
             )
             print_figure(f"snapshot into Delta, {name}, whole run", rows / seconds, "rows/s",
                          copy_rate)  # fmt: skip
@@ -158,16 +182,19 @@ def delta_runs(
             if landing < 0.25 * seconds:
                 print("    without the fixed cost: not measurable (the run is mostly fixed cost)")
                 continue
-            rate = rates[(master, kinds + copy_format)] = rows / landing
+            rate = rates[(master, kinds + copy_format + place)] = rows / landing
             print_figure(f"snapshot into Delta, {name}, without the fixed cost", rate, "rows/s",
                          copy_rate)  # fmt: skip
             print(f"    {heap_bytes / landing / 2**20:.1f} MB/s of heap; {seconds:.1f} s in all")
-    for kinds in (MIRROR_ONLY, all_kinds):
-        for copy_format in copy_formats:
-            key = kinds + copy_format
-            if ("local[1]", key) in rates and ("local[2]", key) in rates:
-                ratio = rates[("local[2]", key)] / rates[("local[1]", key)]
-                print(f"  2 task slots / 1, {kinds}, copy {copy_format}: {ratio:.2f}x", flush=True)
+    for kinds, copy_format, place in runs:
+        key = kinds + copy_format + place
+        if ("local[1]", key) in rates and ("local[2]", key) in rates:
+            ratio = rates[("local[2]", key)] / rates[("local[1]", key)]
+            print(
+                f"  2 task slots / 1, {kinds}, copy {copy_format}, snapshot in {place}: "
+                f"{ratio:.2f}x",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -184,7 +211,12 @@ def main() -> None:
         "--workers", default="1,2,4", help="worker counts to run, comma-separated (default 1,2,4)"
     )
     parser.add_argument(
-        "--masters", default="local[1],local[2]", help="with --delta: Spark masters, ';'-separated"
+        "--masters", default="local[1];local[2]", help="with --delta: Spark masters, ';'-separated"
+    )
+    parser.add_argument(
+        "--snapshot-in",
+        default="executors",
+        help="with --delta: where the snapshot is copied (executors, receiver; comma-separated)",
     )
     args = parser.parse_args()
     copy_formats = ("text", "auto") if args.copy_format == "both" else (args.copy_format,)
@@ -203,7 +235,15 @@ def main() -> None:
               f"{args.version}, {os.cpu_count()} cores", flush=True)  # fmt: skip
         if args.delta:
             heap_bytes = (pages[0] if pages else 0) * 8192
-            delta_runs(conninfo, args.rows, heap_bytes, copy_formats, args.masters.split(";"))
+            places = args.snapshot_in.split(",")
+            delta_runs(
+                conninfo,
+                args.rows,
+                heap_bytes,
+                copy_formats,
+                args.masters.split(";"),
+                places=places,
+            )
             return
 
         psql = cluster.installation.binary("psql")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,44 @@ def _check_logged_exactly_once(
     assert row is not None and row[0] is not None
     assert set(map(int, inserted)) >= set(map(int, source))
     assert max(map(int, inserted)) == row[0]
+
+
+def replay_lake_changelog(changes: list[dict[str, Any]], snapshot_rows: int) -> dict[str, Row]:
+    """The items table's Delta changelog applied in commit order (the workload's after a
+    snapshot of ids -``snapshot_rows`` to -1), into rows by id: each change once (its
+    (commit, seq) and its transaction id unique), every insert a new id, every update and
+    delete of a row it holds, and no id the workload inserted missing."""
+    changes.sort(key=lambda c: (c["_commit_lsn"], c["_seq"]))
+    positions = Counter((c["_commit_lsn"], c["_seq"]) for c in changes)
+    assert max(positions.values()) == 1, [p for p, n in positions.items() if n > 1][:5]
+    commits = {(c["_xid"], c["_commit_lsn"]) for c in changes}
+    assert len(commits) == len({xid for xid, _ in commits}), "a transaction landed twice"
+    rows: dict[str, Row] = {}
+    inserted: list[tuple[int, int]] = []  # (commit LSN, id)
+    for change in changes:
+        op = change["_op"]
+        if op == "delete":
+            key = str(change["_old"]["id"])
+            assert key in rows, f"delete of id {key}, which the changelog never inserted"
+            del rows[key]
+            continue
+        key = str(change["id"])
+        if op == "insert":
+            assert key not in rows, f"id {key} inserted twice"
+            inserted.append((change["_commit_lsn"], change["id"]))
+        else:
+            assert op == "update" and key in rows, (op, key)
+        rows[key] = (key, change["v"], str(change["n"]))
+    # The snapshot is one transaction holding the seeded rows (but those the workload's first
+    # five transactions delete, -43 to -3, when they ran before it), and the workload's rows
+    # of its time; each workload transaction after it inserts the next ten ids: none missing.
+    snapshot = {lsn for lsn, id_ in inserted if id_ < 0}
+    assert len(snapshot) == 1
+    seeded = {id_ for _, id_ in inserted if id_ < 0}
+    assert set(range(-snapshot_rows, 0)) - {-43, -33, -23, -13, -3} <= seeded
+    streamed = sorted(id_ for lsn, id_ in inserted if lsn > min(snapshot))
+    assert streamed == list(range(streamed[0], streamed[-1] + 1)), "an insert is missing"
+    return rows
 
 
 def _drain(process: ReceiverProcess, conninfo: str) -> None:
@@ -513,3 +552,46 @@ def test_a_server_crash_mid_snapshot_never_leaves_a_partial_snapshot(
         process.join(60)
     _check_logged_exactly_once(conninfo, tmp_path / "log")
     assert any("interrupted before it completed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_server_crash_while_executors_copy_takes_the_snapshot_again(
+    own_cluster: LocalCluster, tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An immediate stop while Spark tasks copy the initial snapshot (``snapshot_in =
+    "executors"``) under a live workload: the run drops the slot it created and takes the
+    snapshot again, so the mirror equals the source and the lake's changelog holds each
+    snapshot row once."""
+    conninfo = own_cluster.conninfo()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(ITEMS)
+        conn.execute(
+            "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",
+            (SNAPSHOT_ROWS * 3,),
+        )
+        conn.execute("CREATE PUBLICATION pub FOR TABLE items")
+    settings = _settings(
+        conninfo,
+        tmp_path,
+        snapshot="initial",
+        snapshot_in="executors",
+        kinds=(SinkKind.CHANGELOG, SinkKind.MIRROR),
+    )
+    with pipeline_running(settings, spark) as (runner, failure):
+        wait_until(lambda: _copying(conninfo) or not runner.is_alive(), timeout=120, interval=0.01)
+        own_cluster.stop("immediate")
+        own_cluster.start()
+        with Workload(conninfo) as workload:
+            workload.wait_for(20)
+        _wait_caught_up(conninfo, tmp_path / "lake", runner, failure)
+    assert not failure, failure
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("initial snapshot:" in m and "taking it again" in m for m in messages), messages
+    changelog = read_table(f"{tmp_path / 'lake'}/public/items/changelog")
+    ids = [
+        i
+        for i, op in zip(*changelog.select(["id", "_op"]).to_pydict().values(), strict=True)
+        if op == "insert" and i < 0
+    ]
+    # Each once; the workload may have deleted a few before the snapshot was taken again.
+    assert len(ids) == len(set(ids)) > SNAPSHOT_ROWS * 3 - 100
+    assert {int(i) for i in _source_rows(conninfo) if int(i) < 0} <= set(ids)

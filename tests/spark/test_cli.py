@@ -171,8 +171,9 @@ def test_snapshot_never_skips_existing_rows(db: Database, tmp_path: Path) -> Non
 def test_writes_in_executors_keep_batches_off_the_driver(
     db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The driver may receive 1 MiB of task results, the snapshot's batch is larger: collected
-    to the driver it is a typed error saying what to set; written in executors it lands."""
+    """The driver may receive 1 MiB of task results, the snapshot's batch (copied by the
+    receiver into the change log) is larger: collected to the driver it is a typed error saying
+    what to set; written in executors it lands."""
     db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
     db.execute(  # random hex digits: zstd cannot shrink the batch below the limit
         "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
@@ -188,6 +189,7 @@ def test_writes_in_executors_keep_batches_off_the_driver(
 [source]
 conninfo = "{db.conninfo()}"
 publications = ["cdc"]
+snapshot_in = "receiver"
 
 [paths]
 changelog = "{tmp_path / "log"}"
@@ -213,6 +215,50 @@ conf = {{ "spark.driver.maxResultSize" = "1m" }}
     db.execute("UPDATE notes SET note = 'changed' WHERE id % 100 = 0")
     db.execute("DELETE FROM notes WHERE id % 101 = 0")
     assert run("executors") == 0
+    columns, expected = _source_rows(db, "public.notes")
+    assert len(expected) > 29_000
+    assert mirror_rows(lake, "public.notes", columns) == expected
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_a_snapshot_in_executors_never_passes_through_the_driver(
+    db: Database, tmp_path: Path
+) -> None:
+    """The same 1 MiB limit on task results with Delta writes on the driver: the initial
+    snapshot, copied by Spark tasks that write the Delta tables themselves, lands whole (the
+    driver gets only add actions), and the stream's small batches after it land too."""
+    db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
+    db.execute(
+        "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
+        "|| md5(random()::text) || md5(random()::text) FROM generate_series(1, 30000) g"
+    )
+    db.execute("CREATE PUBLICATION cdc FOR TABLE notes")
+    lake = tmp_path / "lake"
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        f"""
+[source]
+conninfo = "{db.conninfo()}"
+publications = ["cdc"]
+snapshot_in = "executors"
+
+[paths]
+changelog = "{tmp_path / "log"}"
+lake = "{lake}"
+checkpoint = "{tmp_path / "checkpoint"}"
+
+[spark]
+master = "local[2]"
+writes = "driver"
+conf = {{ "spark.driver.maxResultSize" = "1m" }}
+"""
+    )
+    assert main(["pipeline", "run", "--config", str(config), "--once"]) == 0
+    columns, expected = _source_rows(db, "public.notes")
+    assert mirror_rows(lake, "public.notes", columns) == expected
+    db.execute("UPDATE notes SET note = 'changed' WHERE id % 100 = 0")
+    db.execute("DELETE FROM notes WHERE id % 101 = 0")
+    assert main(["pipeline", "run", "--config", str(config), "--once"]) == 0
     columns, expected = _source_rows(db, "public.notes")
     assert len(expected) > 29_000
     assert mirror_rows(lake, "public.notes", columns) == expected

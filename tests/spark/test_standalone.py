@@ -1,9 +1,10 @@
 """``pgcdc pipeline run --once --master spark://...`` against a real Spark standalone cluster
 (a master and two workers, ``tests/spark/cluster.py``) on PostgreSQL 18: the change log's
 partitions are read and the Delta tables written in executors' Python workers, started by the
-worker JVMs, and the lake still equals the source. The driver may receive at most 1 MiB of
-task results (``spark.driver.maxResultSize``), well below the snapshot's batch: collecting a
-batch to the driver fails the run."""
+worker JVMs, and the initial snapshot is copied by Spark tasks straight into the Delta tables;
+the lake still equals the source. The driver may receive at most 1 MiB of task results
+(``spark.driver.maxResultSize``), well below the snapshot's size: collecting it, or a batch, to
+the driver fails the run."""
 
 from __future__ import annotations
 
@@ -147,8 +148,7 @@ def check_pipeline_on_cluster(
     # server runs in this process, and the Delta writes to it must not share its GIL).
     argv = ["pipeline", "run", "--config", str(config), "--once"]
 
-    # First run: the initial snapshot (300 rows of two tables and the notes) through the change
-    # log.
+    # First run: the initial snapshot (300 rows of two tables and the notes), copied by tasks.
     first = pgcdc(*argv, timeout=180)
     assert first.returncode == 0, first.stderr.decode()[-3000:]
     # Second run: inserts, updates (a key update too) and deletes through the slot.

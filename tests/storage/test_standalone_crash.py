@@ -13,9 +13,7 @@ import random
 import signal
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -135,45 +133,9 @@ def test_killed_pipeline_on_a_cluster_with_s3_restarts_without_loss_or_duplicate
     # The change log releases the segments Spark acknowledged (each flush on S3 is a segment):
     # the lake's changelog is what holds every change, so it is replayed instead.
     changelog = read_table(f"{paths[1]}/public/items/changelog", storage_options=options)
-    assert _replayed(changelog.to_pylist()) == faults._source_rows(conninfo)
+    replayed = faults.replay_lake_changelog(changelog.to_pylist(), SNAPSHOT_ROWS)
+    assert replayed == faults._source_rows(conninfo)
     assert _written_by_executors(output)
-
-
-def _replayed(changes: list[dict[str, Any]]) -> dict[str, faults.Row]:
-    """The Delta changelog applied in commit order: each change once (its (commit, seq) and
-    its transaction id unique), every insert a new id, every update and delete of a row it
-    holds, and no id the workload inserted missing."""
-    changes.sort(key=lambda c: (c["_commit_lsn"], c["_seq"]))
-    positions = Counter((c["_commit_lsn"], c["_seq"]) for c in changes)
-    assert max(positions.values()) == 1, [p for p, n in positions.items() if n > 1][:5]
-    commits = {(c["_xid"], c["_commit_lsn"]) for c in changes}
-    assert len(commits) == len({xid for xid, _ in commits}), "a transaction landed twice"
-    rows: dict[str, faults.Row] = {}
-    inserted: list[tuple[int, int]] = []  # (commit LSN, id)
-    for change in changes:
-        op = change["_op"]
-        if op == "delete":
-            key = str(change["_old"]["id"])
-            assert key in rows, f"delete of id {key}, which the changelog never inserted"
-            del rows[key]
-            continue
-        key = str(change["id"])
-        if op == "insert":
-            assert key not in rows, f"id {key} inserted twice"
-            inserted.append((change["_commit_lsn"], change["id"]))
-        else:
-            assert op == "update" and key in rows, (op, key)
-        rows[key] = (key, change["v"], str(change["n"]))
-    # The snapshot is one transaction holding the seeded rows (but those the workload's first
-    # five transactions delete, -43 to -3, when they ran before it), and the workload's rows
-    # of its time; each workload transaction after it inserts the next ten ids: none missing.
-    snapshot = {lsn for lsn, id_ in inserted if id_ < 0}
-    assert len(snapshot) == 1
-    seeded = {id_ for _, id_ in inserted if id_ < 0}
-    assert set(range(-SNAPSHOT_ROWS, 0)) - {-43, -33, -23, -13, -3} <= seeded
-    streamed = sorted(id_ for lsn, id_ in inserted if lsn > min(snapshot))
-    assert streamed == list(range(streamed[0], streamed[-1] + 1)), "an insert is missing"
-    return rows
 
 
 def _written_by_executors(output: Path) -> bool:

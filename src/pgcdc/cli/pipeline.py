@@ -66,7 +66,15 @@ def register(subparsers: Any) -> None:
         help="initial (default): a new slot starts with a consistent snapshot of the tables; "
         "never: only changes made after the slot was created",
     )  # fmt: skip
-    run.add_argument("--snapshot-workers", type=_positive_int, metavar="N", help="default 4")
+    run.add_argument(
+        "--snapshot-in", choices=("auto", "executors", "receiver"),
+        help="where the initial snapshot is copied: executors (auto, the default: Spark tasks "
+        "write the Delta tables) or receiver (its threads, through the change log)",
+    )  # fmt: skip
+    run.add_argument(
+        "--snapshot-workers", type=_positive_int, metavar="N",
+        help="threads of a snapshot in the receiver (default 4)",
+    )  # fmt: skip
     run.add_argument("--changelog", metavar="PATH", help="change log root (default ./changelog)")
     run.add_argument("--lake", metavar="PATH", help="Delta tables root (default ./lake)")
     run.add_argument("--checkpoint", metavar="PATH", help="Spark checkpoint (default ./checkpoint)")
@@ -117,6 +125,7 @@ def handle(args: argparse.Namespace) -> int:
             "failover": args.failover,
             "standby": args.standby,
             "snapshot": args.snapshot,
+            "snapshot_in": args.snapshot_in,
             "snapshot_workers": args.snapshot_workers,
             "changelog": args.changelog,
             "lake": args.lake,

@@ -12,6 +12,8 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     snapshot = "initial"          # or "never"
     snapshot_workers = 4
     snapshot_copy_format = "auto" # binary COPY where the types allow, else text; or "text"
+    snapshot_in = "auto"          # "executors": Spark tasks copy into Delta; "receiver":
+                                  # through the change log (auto: executors)
     standby = false               # true: decode on a hot standby (PostgreSQL 16+), read-only
     receive_timeout = 60.0        # seconds of silence before the connection counts as lost
 
@@ -44,6 +46,7 @@ import math
 import os
 import re
 import threading
+import time
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -85,10 +88,12 @@ from pgcdc.pipeline.origin import (
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import (
     DEFAULT_RECEIVE_TIMEOUT,
+    Backoff,
     Receiver,
     ReceiverOptions,
     ReceiverProgress,
     RetryPolicy,
+    first_line,
 )
 from pgcdc.sinks.kinds import SinkKind, parse_kinds
 from pgcdc.snapshot import (
@@ -110,6 +115,7 @@ log = logging.getLogger(__name__)
 RECEIVER_FLUSH_SECONDS = 0.25
 SNAPSHOT_MODES = ("initial", "never")
 WRITES_MODES = ("auto", "driver", "executors")
+SNAPSHOT_PLACES = ("auto", "executors", "receiver")
 # Change data is production data: files 0600 and directories 0700 unless configured otherwise.
 DEFAULT_UMASK = 0o077
 # Spark's master URL forms (SparkContext.createTaskScheduler); others fail deep inside the JVM.
@@ -138,6 +144,11 @@ class Settings:
     # The snapshot's COPY format (pgcdc.snapshot.COPY_FORMATS): "auto" copies a table in binary
     # format when every column type has a binary decoder (else in text), "text" every table.
     snapshot_copy_format: str = "auto"
+    # Where the initial snapshot is copied: "executors" (Spark tasks COPY chunks and write the
+    # Delta tables, one commit per table; the rows skip the change log), "receiver" (the
+    # receiver's threads copy into the change log, and the query lands it like any
+    # transaction), or "auto" (executors).
+    snapshot_in: str = "auto"
     # pgoutput's binary format: the walsender sends send-function output (cheaper for numeric,
     # timestamps, arrays); values land as in text format.
     binary: bool = False
@@ -194,6 +205,11 @@ class Settings:
         )
 
     @property
+    def resolved_snapshot_in(self) -> str:
+        """``snapshot_in`` with "auto" decided."""
+        return "executors" if self.snapshot_in == "auto" else self.snapshot_in
+
+    @property
     def resolved_writes(self) -> str:
         """``writes`` with "auto" decided by the master."""
         if self.writes != "auto":
@@ -225,6 +241,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "snapshot": ("source", "snapshot", str),
     "snapshot_workers": ("source", "snapshot_workers", int),
     "snapshot_copy_format": ("source", "snapshot_copy_format", str),
+    "snapshot_in": ("source", "snapshot_in", str),
     "binary": ("source", "binary", bool),
     "two_phase": ("source", "two_phase", bool),
     "receive_timeout": ("source", "receive_timeout", (int, float)),
@@ -386,6 +403,11 @@ def _validate(settings: Settings) -> None:
         raise InvalidOption(
             f"master = {settings.master!r} is not a Spark master URL; use local[*], local[N], "
             "spark://HOST:PORT, yarn or k8s://HOST:PORT"
+        )
+    if settings.snapshot_in not in SNAPSHOT_PLACES:
+        raise InvalidOption(
+            f"snapshot_in = {settings.snapshot_in!r}: use one of {', '.join(SNAPSHOT_PLACES)} "
+            "(where the initial snapshot is copied)"
         )
     if settings.writes not in WRITES_MODES:
         raise InvalidOption(
@@ -581,7 +603,11 @@ def recopy(
     return True
 
 
-def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None:
+def claim_slot(
+    settings: Settings,
+    writer: ChangeLogWriter,
+    take_snapshot: Callable[[Settings, ChangeLogWriter, bool], SnapshotResult] | None = None,
+) -> SlotOrigin | None:
     """Make sure the slot can fill this change log without a gap, and keep recording it.
 
     A log that holds transactions (or has a recorded slot) goes on only with the same slot,
@@ -590,7 +616,9 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
     with ``snapshot = "initial"`` a snapshot of the published tables (only a new slot exports
     the snapshot that matches its start), else the slot is created here, so that its start is
     recorded before anything streams. None: no slot to record (the receiver reports it).
-    Connection errors are typed, so the receiver's retries ride them out.
+    Connection errors are typed, so the receiver's retries ride them out. ``take_snapshot``
+    (settings, writer, on a standby) takes the initial snapshot; by default the receiver's
+    threads copy it into the change log (``initial_snapshot``).
 
     A snapshot interrupted by a crash (of the server or of pgcdc) leaves its slot behind with
     nothing in the log: that slot is dropped and the snapshot taken again, never streamed
@@ -644,7 +672,7 @@ def claim_slot(settings: Settings, writer: ChangeLogWriter) -> SlotOrigin | None
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
         mark_snapshot_pending(root, settings.slot, settings.storage)
-        result = initial_snapshot(settings, writer, standby=standby)
+        result = (take_snapshot or initial_snapshot)(settings, writer, standby)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
@@ -709,7 +737,7 @@ def server_timeline(
 
 
 def initial_snapshot(
-    settings: Settings, writer: ChangeLogWriter, *, standby: bool = False
+    settings: Settings, writer: ChangeLogWriter, standby: bool = False
 ) -> SnapshotResult:
     """Create the slot and snapshot the published tables into the (empty) change log. On a
     standby the slot exports its snapshot as on a primary (PostgreSQL 16+), the workers
@@ -734,6 +762,66 @@ def initial_snapshot(
         result.consistent_point,
     )
     return result
+
+
+def _snapshot_due_in_executors(settings: Settings) -> bool:
+    """Whether this run may start with an initial snapshot the executors take: snapshot =
+    "initial", snapshot_in executors and no slot recorded yet (``claim_slot`` decides, under
+    the change log's lease)."""
+    if settings.snapshot != "initial" or settings.resolved_snapshot_in != "executors":
+        return False
+    return load_origin(settings.changelog, settings.storage) is None
+
+
+def snapshot_in_executors(
+    settings: Settings, spark: Any, stop: threading.Event | None = None
+) -> LSN | None:
+    """Claim the slot for a new change log as the receiver would (``claim_slot``), the initial
+    snapshot copied by Spark tasks into the Delta tables (``pgcdc.spark.snapshot``) rather
+    than by the receiver into the change log; the receiver then streams from the slot's
+    consistent point. Returns that point, None when no snapshot was taken (the slot already
+    existed, or ``stop`` was set). The change log's writer lease is held throughout, so no
+    receiver races it. A failure a new attempt could get past (a server restart, a lost
+    connection) is retried as ``settings.retry`` says: the slot it created is dropped (by
+    this attempt, or by the next through the pending mark) and the snapshot taken again."""
+    from pgcdc.spark.snapshot import land_initial_snapshot
+
+    def land(s: Settings, writer: ChangeLogWriter, standby: bool) -> SnapshotResult:
+        if standby:
+            _creating_on_standby(s)
+        return land_initial_snapshot(
+            spark,
+            s.pipeline(),
+            conninfo=s.conninfo,
+            slot=s.slot,
+            publications=s.publications,
+            failover=s.failover and not standby,
+            copy_format=s.snapshot_copy_format,
+        )
+
+    taken: list[SnapshotResult] = []
+
+    def take(s: Settings, writer: ChangeLogWriter, standby: bool) -> SnapshotResult:
+        taken.append(land(s, writer, standby))
+        return taken[-1]
+
+    backoff = Backoff(settings.retry)
+    while True:
+        started = time.monotonic()
+        try:
+            log_root = ChangeLog(settings.changelog, storage=settings.storage)
+            with log_root.writer(lease_wait=True) as writer:
+                claim_slot(settings, writer, take)
+            return taken[-1].consistent_point if taken else None
+        except PgcdcError as error:
+            delay = backoff.failed(error, started, time.monotonic())
+            if delay is None:
+                raise
+            log.warning("initial snapshot: %s; taking it again in %.1f s", first_line(error), delay)
+            if stop is not None and stop.wait(delay):
+                return None
+            if stop is None:
+                time.sleep(delay)
 
 
 def _spark() -> Any:
@@ -789,6 +877,13 @@ def run(
         # starts (seconds of JVM start-up, then a stack of logs around the one line).
         current = _start_checks(settings)
         end_lsn = current if once else None
+        if _snapshot_due_in_executors(settings):
+            if spark is None:
+                spark = stack.enter_context(_session(settings))
+            _spark().check_checkpoint(spark, settings.pipeline())
+            landed = snapshot_in_executors(settings, spark, stop)
+            if once and end_lsn is not None and landed is not None:
+                end_lsn = max(end_lsn, landed)
         # A process of its own: in a thread the receiver shared the GIL with foreachBatch.
         # It starts first and logs while the Spark session starts (seconds); if that fails,
         # the stack stops it.

@@ -32,7 +32,7 @@ from pgcdc.decoding.arrow import (
     rows_to_arrow,
 )
 from pgcdc.decoding.pgtypes import TypeInfo
-from pgcdc.errors import CorruptChangeLog, DecodeError
+from pgcdc.errors import CorruptChangeLog, DecodeError, InvalidChangeBatch
 from pgcdc.events import (
     Delete,
     EncodedRow,
@@ -175,6 +175,41 @@ def _typed(
         + [pa.field(c.OLD, old_struct.type), pa.field(c.OLD_TEXT, c.TEXT_TYPE)]
     )
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def insert_changes(
+    table: Table,
+    rows: pa.Array,
+    *,
+    commit_lsn: int,
+    lsn: int,
+    commit_time: datetime,
+    types: Mapping[int, TypeInfo],
+    first_seq: int = 0,
+    options: ArrowOptions = DEFAULT_OPTIONS,
+) -> pa.Table:
+    """INSERTs of ``rows`` (a binary array of TupleData) in one transaction, as a change table
+    typed exactly as change log rows are (``_typed``): an initial snapshot's chunk copied
+    outside the change log. ``_seq`` counts up from ``first_seq``."""
+    count = len(rows)
+    if first_seq + count > 2**32:
+        raise InvalidChangeBatch(
+            f"{table.qualified_name}: _seq {first_seq + count - 1} does not fit its uint32"
+        )
+    logged = pa.RecordBatch.from_pydict(
+        {
+            "kind": pa.array([c.INSERT] * count, pa.string()),
+            "commit_lsn": pa.array(np.full(count, commit_lsn, np.uint64)),
+            "seq": pa.array(np.arange(first_seq, first_seq + count, dtype=np.uint32)),
+            "lsn": pa.array(np.full(count, lsn, np.uint64)),
+            "xid": pa.nulls(count, pa.int64()),
+            "commit_time": pa.array([commit_time] * count, c.COMMIT_TIME_TYPE),
+            "origin": pa.nulls(count, pa.string()),
+            "new": rows,
+            "old": pa.nulls(count, pa.binary()),
+        }
+    )
+    return _typed(table, logged, options, types)
 
 
 class _Definitions:
@@ -414,4 +449,4 @@ def change_tables(
         yield from waiting.runs(chunk_rows)
 
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "TableChanges", "change_tables"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "TableChanges", "change_tables", "insert_changes"]

@@ -218,6 +218,25 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     return spark
 
 
+def _checkpoint_unavailable(config: PipelineConfig, error: BaseException) -> CheckpointUnavailable:
+    return CheckpointUnavailable(
+        f"Spark cannot keep its checkpoint at {config.checkpoint} ({_spark_reason(error)}): keep "
+        "paths.checkpoint on a filesystem the driver owns (a local directory; pyspark ships no "
+        "hadoop-aws, so s3a:// cannot work without extra jars); the change log and the lake "
+        "may stay on s3:// (see docs/deployment.md)"
+    )
+
+
+def check_checkpoint(spark: Any, config: PipelineConfig) -> None:
+    """Raise CheckpointUnavailable now, not after an initial snapshot of hours, when Spark has
+    no Hadoop file system for the checkpoint's scheme (s3a:// without hadoop-aws's classes)."""
+    try:
+        path = spark._jvm.org.apache.hadoop.fs.Path(config.checkpoint)
+        path.getFileSystem(spark._jsc.hadoopConfiguration())
+    except Exception as exc:
+        raise _checkpoint_unavailable(config, exc) from None
+
+
 def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) -> Any:
     """Start the streaming query; returns the ``StreamingQuery``."""
     reader = (
@@ -272,13 +291,7 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
         return writer.start()
     except Exception as exc:
         if any(mark in str(exc) for mark in _CHECKPOINT_UNREACHABLE):
-            raise CheckpointUnavailable(
-                f"Spark cannot keep its checkpoint at {config.checkpoint} "
-                f"({_spark_reason(exc)}): keep paths.checkpoint on a filesystem the driver "
-                "owns (a local directory; pyspark ships no hadoop-aws, so s3a:// cannot work "
-                "without extra jars); the change log and the lake may stay on s3:// "
-                "(see docs/deployment.md)"
-            ) from None
+            raise _checkpoint_unavailable(config, exc) from None
         raise PipelineQueryError(
             f"the streaming query could not start: {_spark_reason(exc)} "
             f"(checkpoint {config.checkpoint}, change log {config.changelog})"
@@ -322,6 +335,7 @@ def run_once(spark: Any, config: PipelineConfig) -> None:
 __all__ = [
     "Chunk",
     "PipelineConfig",
+    "check_checkpoint",
     "chunks_from_arrow",
     "chunks_from_rows",
     "make_sink",

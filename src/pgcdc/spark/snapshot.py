@@ -1,0 +1,372 @@
+"""The initial snapshot copied by Spark tasks straight into the Delta tables.
+
+The driver creates the slot, exporting its snapshot, which lives while the driver holds the
+exporting connection (``pgcdc.snapshot.exported_slot``), plans the chunks (ctid ranges) and
+runs one Spark task per chunk. A task imports the snapshot, COPYs its chunk (binary format
+where the types allow), types the rows with the code that types the change log's rows
+(``insert_changes``), builds each kind's rows with the sinks' own builders (``initial_rows``)
+and stages them as data files of the tables (``pgcdc.sinks.staged``). Only add actions reach
+the driver, which commits each Delta table's in one transaction: a table's snapshot appears
+whole or not at all, and its rows never pass through the driver or the change log. The
+receiver then streams the slot from its consistent point: no gap, no overlap.
+
+A crash of the driver ends the exported snapshot (it dies with its connection), so the next run
+drops the slot and takes the snapshot again (``pgcdc.pipeline.claim_slot``); a table an earlier
+attempt committed is replaced by the new commit, never added to. A failed task is retried by
+Spark inside the same snapshot, its earlier files left unreferenced.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc.connection.server_errors import translated
+from pgcdc.decoding.pgtypes import TypeInfo
+from pgcdc.errors import PgcdcError, SinkError, SnapshotError, portable
+from pgcdc.events import Table
+from pgcdc.receiver import DEFAULT_SESSION_SETTINGS
+from pgcdc.sinks import keys
+from pgcdc.sinks.delta import DeltaSink, ensure_table, initial_rows, prepare, table_schema
+from pgcdc.sinks.kinds import SinkKind
+from pgcdc.sinks.staged import commit, stage
+from pgcdc.snapshot import (
+    DEFAULT_CHUNK_PAGES,
+    PROGRESS_SECONDS,
+    Chunk,
+    SnapshotResult,
+    SnapshotTable,
+    copy_chunk,
+    exported_slot,
+    open_worker,
+    plan_chunks,
+    plan_snapshot,
+)
+from pgcdc.spark.changes import insert_changes
+from pgcdc.spark.pipeline import PipelineConfig, make_sink
+from pgcdc.spark.source import spec_for
+from pgcdc.storage import StorageOptions
+
+log = logging.getLogger(__name__)
+
+# Chunks per task slot when the chunk size is chosen here: enough that slots finish together.
+CHUNKS_PER_SLOT = 4
+MIN_CHUNK_PAGES = 128
+# The most tuples a heap page of 8 kB holds (PostgreSQL's MaxHeapTuplesPerPage): a chunk of
+# n pages holds at most n times as many rows, which numbers the chunks' rows apart.
+MAX_TUPLES_PER_PAGE = 291
+# The Delta application id a snapshot commit records, after the pipeline's own.
+SNAPSHOT_APP_SUFFIX = "-snapshot"
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One Delta table a source table's snapshot lands in."""
+
+    kind: SinkKind
+    path: str
+    schema: pa.Schema
+
+
+@dataclass(frozen=True)
+class _CopyJob:
+    """What every task needs (picklable: it is shipped to the executors)."""
+
+    conninfo: str
+    snapshot_name: str
+    session_settings: dict[str, str] | None
+    consistent_point: int
+    commit_time: datetime
+    types: dict[int, TypeInfo]
+    targets: dict[str, tuple[_Target, ...]]
+    storage: StorageOptions
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One chunk to copy, and where its rows' ``_seq`` starts: the chunks of a table number
+    their rows apart (``ordinal`` times the most rows a chunk can hold), so every snapshot row
+    of a table has its own (commit LSN, seq), as in the change log's one transaction."""
+
+    chunk: Chunk
+    ordinal: int
+    stride: int
+    last: bool
+
+    @property
+    def first_seq(self) -> int:
+        return self.ordinal * self.stride
+
+
+@dataclass(frozen=True)
+class _Copied:
+    """A task's result: the add actions of its chunk's files, per kind; or the pgcdc error
+    that ended it (``errors.portable``), raised on the driver as itself, so a typed error
+    reaches the user and a transient one is retried (a Spark task failure is a Java error)."""
+
+    table: str
+    rows: int = 0
+    bytes: int = 0
+    adds: dict[SinkKind, list[dict[str, Any]]] = field(default_factory=dict)
+    error: tuple[Any, ...] | None = None
+
+
+def _changes(job: _CopyJob, table: Table, rows: pa.Array, first_seq: int = 0) -> pa.Table:
+    """The snapshot's rows as the change log path types them: INSERTs committed at the
+    consistent point - 1 (see ``pgcdc.snapshot``)."""
+    return insert_changes(
+        table,
+        rows,
+        commit_lsn=job.consistent_point - 1,
+        lsn=job.consistent_point,
+        commit_time=job.commit_time,
+        types=job.types,
+        first_seq=first_seq,
+    )
+
+
+def copy_task(job: _CopyJob, task: _Task) -> _Copied:
+    """Run in a Spark task: copy the task's chunk inside the exported snapshot and stage its
+    rows in every Delta table of its source table."""
+    try:
+        return _copy(job, task)
+    except PgcdcError as error:
+        return _Copied(task.chunk.table.table.qualified_name, error=portable(error))
+
+
+def _copy(job: _CopyJob, task: _Task) -> _Copied:
+    chunk = task.chunk
+    with translated(), open_worker(job.conninfo, job.snapshot_name, job.session_settings) as conn:
+        parts = list(copy_chunk(conn, chunk))
+    table = chunk.table.table
+    rows = pa.array([row for batch, _ in parts for row in batch], pa.binary())
+    if len(rows) > task.stride and not task.last:
+        raise SnapshotError(
+            f"{table.qualified_name}: {len(rows)} rows in {_pages(chunk)} pages, more than "
+            f"{MAX_TUPLES_PER_PAGE} a page (a server built with a larger block size?); set "
+            '[source] snapshot_in = "receiver"'
+        )
+    changes = _changes(job, table, rows, task.first_seq)
+    dspec, prepared = prepare(spec_for(table, changes.schema), changes)
+    adds = {
+        target.kind: stage(
+            target.path, initial_rows(target.kind, dspec, prepared), target.schema, job.storage
+        )
+        for target in job.targets[table.qualified_name]
+    }
+    return _Copied(table.qualified_name, len(rows), sum(read for _, read in parts), adds)
+
+
+def _replaces(delta: Any, path: str, app_id: str) -> bool:
+    """Whether the snapshot's commit must replace what the table holds: an earlier attempt's
+    snapshot, which a crash cut short. Other rows are refused: a new change log's snapshot
+    lands in empty tables."""
+    if not delta.file_uris():
+        return False
+    earlier_attempt = delta.transaction_version(app_id + SNAPSHOT_APP_SUFFIX) is not None
+    if earlier_attempt and delta.transaction_version(app_id) is None:
+        return True
+    raise SinkError(
+        f"{path} already holds rows, but the change log is new, so the pipeline starts with "
+        "an initial snapshot into empty tables; point [paths] lake at a new directory (or move "
+        'that table away), or set [source] snapshot_in = "receiver" to merge the snapshot '
+        "into the rows there"
+    )
+
+
+def _chunk_pages(tables: Sequence[SnapshotTable], slots: int) -> int:
+    """Chunks small enough that every task slot gets several, at most DEFAULT_CHUNK_PAGES."""
+    total = sum(t.pages for t in tables if t.splittable)
+    wanted = total // max(slots * CHUNKS_PER_SLOT, 1)
+    return max(MIN_CHUNK_PAGES, min(DEFAULT_CHUNK_PAGES, wanted))
+
+
+def _pages(chunk: Chunk) -> int:
+    first = chunk.first_page or 0
+    return (chunk.table.pages if chunk.end_page is None else chunk.end_page) - first
+
+
+def _report(
+    spark: Any, group: str, chunks: int, started: float, done: threading.Event
+) -> Callable[[], None]:
+    """A loop for a thread: log how many chunks the group's tasks finished, now and then."""
+
+    def loop() -> None:
+        tracker = spark.sparkContext.statusTracker()
+        while not done.wait(PROGRESS_SECONDS):
+            finished = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                info = tracker.getJobInfo(job_id)
+                for stage_id in info.stageIds if info else ():
+                    stage_info = tracker.getStageInfo(stage_id)
+                    finished += stage_info.numCompletedTasks if stage_info else 0
+            log.info(
+                "initial snapshot: %d of %d chunks copied in %.0f s",
+                finished,
+                chunks,
+                time.monotonic() - started,
+            )
+
+    return loop
+
+
+def _tasks(chunks: Sequence[Chunk], chunk_pages: int) -> list[_Task]:
+    """The chunks as tasks, biggest first (the last tasks to start are the short ones)."""
+    by_table: dict[str, list[Chunk]] = defaultdict(list)
+    for chunk in chunks:
+        by_table[chunk.table.table.qualified_name].append(chunk)
+    tasks = []
+    for own in by_table.values():
+        own.sort(key=lambda c: c.first_page or 0)
+        stride = chunk_pages * MAX_TUPLES_PER_PAGE
+        for ordinal, chunk in enumerate(own):
+            tasks.append(_Task(chunk, ordinal, stride, last=ordinal == len(own) - 1))
+    tasks.sort(key=lambda t: _pages(t.chunk), reverse=True)
+    return tasks
+
+
+def _run_tasks(spark: Any, job: _CopyJob, tasks: Sequence[_Task]) -> list[_Copied]:
+    """One Spark task per chunk; only their small results come back."""
+    if not tasks:
+        return []
+    context = spark.sparkContext
+    group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
+    context.setJobGroup(group, "pgcdc initial snapshot", interruptOnCancel=True)
+    done = threading.Event()
+    reporter = threading.Thread(
+        target=_report(spark, group, len(tasks), time.monotonic(), done),
+        name="pgcdc-snapshot-progress",
+        daemon=True,
+    )
+    reporter.start()
+    try:
+        rdd = context.parallelize(list(tasks), len(tasks))
+        copied: list[_Copied] = rdd.map(functools.partial(copy_task, job)).collect()
+        return copied
+    finally:
+        done.set()
+        context.setLocalProperty("spark.jobGroup.id", None)
+
+
+def land_initial_snapshot(
+    spark: Any,
+    config: PipelineConfig,
+    *,
+    conninfo: str,
+    slot: str,
+    publications: Sequence[str],
+    failover: bool = False,
+    copy_format: str = "auto",
+    session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
+    chunk_pages: int | None = None,
+) -> SnapshotResult:
+    """Create ``slot`` and land every row it will not stream in the pipeline's Delta tables,
+    copied by Spark tasks, each table in one commit. On failure the slot is dropped again."""
+    started = time.monotonic()
+    with exported_slot(conninfo, slot, failover=failover) as created:
+        snapshot_name = created.snapshot_name or ""
+        settings = None if session_settings is None else dict(session_settings)
+        plan = plan_snapshot(
+            conninfo,
+            snapshot_name,
+            tables=None,
+            publications=publications,
+            session_settings=settings,
+            copy_format=copy_format,
+        )
+        job = _CopyJob(
+            conninfo=conninfo,
+            snapshot_name=snapshot_name,
+            session_settings=settings,
+            consistent_point=int(created.consistent_point),
+            commit_time=plan.taken_at or datetime.now(UTC),
+            types=plan.types,
+            targets={},
+            storage=config.storage,
+        )
+        sink = make_sink(config)
+        replaces: dict[tuple[str, SinkKind], bool] = {}
+        whole: list[SnapshotTable] = []
+        for spec in plan.tables:
+            targets, counts_copies = _targets(job, sink, spec.table, config, replaces)
+            job.targets[spec.table.qualified_name] = targets
+            if counts_copies:
+                whole.append(spec)
+        pages = chunk_pages or _chunk_pages(plan.tables, spark.sparkContext.defaultParallelism)
+        split = [s for s in plan.tables if s not in whole]
+        # Keyless REPLICA IDENTITY FULL tables number identical rows: one task sees them all.
+        chunks = plan_chunks(split, pages) + [Chunk(s) for s in whole]
+        log.info(
+            "initial snapshot: %d tables in %d chunks, copied by Spark tasks",
+            len(plan.tables),
+            len(chunks),
+        )
+        copied = _run_tasks(spark, job, _tasks(chunks, pages))
+        for result in copied:
+            if result.error is not None:
+                rebuild, args = result.error
+                raise rebuild(*args)
+        adds: dict[tuple[str, SinkKind], list[dict[str, Any]]] = defaultdict(list)
+        for result in copied:
+            for kind, staged in result.adds.items():
+                adds[(result.table, kind)] += staged
+        app_id = config.app_id + SNAPSHOT_APP_SUFFIX
+        for name, targets in job.targets.items():
+            for target in targets:
+                commit(
+                    target.path,
+                    adds[(name, target.kind)],
+                    replace=replaces[(name, target.kind)],
+                    app_id=app_id,
+                    version=job.consistent_point,
+                    storage=config.storage,
+                )
+    rows = sum(r.rows for r in copied)
+    log.info(
+        "initial snapshot: %d rows of %d tables landed in %.1f s",
+        rows,
+        len(plan.tables),
+        time.monotonic() - started,
+    )
+    return SnapshotResult(
+        consistent_point=created.consistent_point,
+        tables=tuple(s.table for s in plan.tables),
+        rows=rows,
+        bytes=sum(r.bytes for r in copied),
+        snapshot_name=snapshot_name,
+    )
+
+
+def _targets(
+    job: _CopyJob,
+    sink: DeltaSink,
+    table: Table,
+    config: PipelineConfig,
+    replaces: dict[tuple[str, SinkKind], bool],
+) -> tuple[tuple[_Target, ...], bool]:
+    """The Delta tables ``table`` lands in, created for its typed columns (typed as the tasks
+    will type its rows), and whether its rows are numbered copies (``keys.counts_copies``)."""
+    empty = _changes(job, table, pa.array([], pa.binary()))
+    spec = spec_for(table, empty.schema)
+    dspec, _ = prepare(spec, empty)
+    so = config.storage.delta()
+    targets = []
+    for kind in sink.kinds_for(spec):
+        path = sink.checked_path(spec, kind)
+        delta = ensure_table(path, kind, dspec, so)
+        replaces[(table.qualified_name, kind)] = _replaces(delta, path, config.app_id)
+        targets.append(_Target(kind, path, table_schema(delta)))
+    return tuple(targets), keys.counts_copies(spec)
+
+
+__all__ = ["SNAPSHOT_APP_SUFFIX", "copy_task", "land_initial_snapshot"]

@@ -1,0 +1,158 @@
+"""The initial snapshot copied by Spark tasks (``snapshot_in = "executors"``) against the same
+snapshot copied by the receiver into the change log and landed by the query (``"receiver"``), on
+PG15 and PG18 with a real local SparkSession: every type and edge value, a keyless REPLICA
+IDENTITY FULL table holding identical rows, a table split into many chunks and an empty one land
+the same values in all three kinds; then the stream goes on from the snapshot's consistent
+point with nothing lost or repeated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pgcdc import pipeline
+from pgcdc.changelog import ChangeLog
+from pgcdc.sinks import SinkKind, read_table
+from pgcdc.spark.pipeline import spark_session
+from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX
+from tests.conftest import Database
+from tests.snapshot.test_copy_binary import EVERY_TYPE
+
+from .helpers import lake_path, mirror_rows, table_rows
+
+MORE_TABLES = """
+CREATE TABLE dupes (a int, b text);
+ALTER TABLE dupes REPLICA IDENTITY FULL;
+INSERT INTO dupes SELECT g % 7, 'same' || repeat('y', 40) FROM generate_series(1, 30000) g;
+CREATE TABLE big (id bigint PRIMARY KEY, note text, at timestamptz);
+INSERT INTO big SELECT g, repeat('x', g % 50), '2024-01-01'::timestamptz + g * interval '1 s'
+FROM generate_series(1, 60000) g;
+CREATE TABLE nothing_yet (id int PRIMARY KEY);
+"""
+# What differs between two snapshots of the same rows: where and when each was taken.
+WHERE_AND_WHEN = {
+    "_commit_lsn",
+    "_lsn",
+    "_seq",
+    "_commit_time",
+    "_valid_from_lsn",
+    "_valid_from_time",
+}
+TABLES = ("every", "with_tsvector", "with_hidden_tsvector", "dupes", "big", "nothing_yet")
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[2]", "pgcdc-tests")
+    yield session
+    session.stop()
+
+
+def _settings(db: Database, root: Path, slot: str, snapshot_in: str) -> pipeline.Settings:
+    return pipeline.load(
+        None,
+        {
+            "conninfo": db.conninfo(),
+            "slot": slot,
+            "publications": ["pub"],
+            "snapshot_in": snapshot_in,
+            "changelog": str(root / "changelog"),
+            "lake": str(root / "lake"),
+            "checkpoint": str(root / "checkpoint"),
+            "master": "local[2]",
+        },
+    )
+
+
+def _landed(lake: Path, name: str, kind: SinkKind) -> list[str]:
+    """A Delta table's rows without where and when they were taken, in a fixed order, each as
+    its repr (NaN equals NaN, -0.0 differs from 0.0, types shown)."""
+    table = read_table(lake_path(lake, f"public.{name}", kind))
+    table = table.select([n for n in table.column_names if n not in WHERE_AND_WHEN])
+    return sorted(repr(row) for row in table.to_pylist())
+
+
+def _big_chunks(lake: Path) -> int:
+    """How many data files the snapshot's one commit gave the big table's mirror."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(lake_path(lake, "public.big", SinkKind.MIRROR))
+    return len(table.file_uris())
+
+
+def test_executors_land_what_the_change_log_path_lands(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    db.execute(EVERY_TYPE.replace("CREATE PUBLICATION pub FOR ALL TABLES;", "") + MORE_TABLES)
+    db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    receiver = _settings(db, tmp_path / "receiver", "by_receiver", "receiver")
+    executors = _settings(db, tmp_path / "executors", "by_executors", "executors")
+    pipeline.run(receiver, once=True, spark=spark)
+    pipeline.run(executors, once=True, spark=spark)
+    # The executors' rows never passed through the change log.
+    assert list(ChangeLog(tmp_path / "executors" / "changelog").read_transactions()) == []
+    assert _big_chunks(tmp_path / "executors" / "lake") > 4
+    for name in TABLES:
+        for kind in SinkKind:
+            by_executors = _landed(tmp_path / "executors" / "lake", name, kind)
+            if name == "nothing_yet":  # created empty, where the query waits for a change
+                assert by_executors == []
+                continue
+            by_receiver = _landed(tmp_path / "receiver" / "lake", name, kind)
+            assert by_executors == by_receiver, (name, kind)
+            assert len(by_executors) > 0, name
+    # The stream goes on from the consistent point: each change once, after the snapshot.
+    db.execute("UPDATE big SET note = 'changed' WHERE id % 1000 = 0")
+    db.execute("DELETE FROM big WHERE id % 999 = 0")
+    db.execute("INSERT INTO dupes SELECT 1, 'same' || repeat('y', 40)")
+    db.execute("INSERT INTO nothing_yet VALUES (1)")
+    pipeline.run(executors, once=True, spark=spark)
+    lake = tmp_path / "executors" / "lake"
+    with db.connect() as conn:
+        for name in ("big", "nothing_yet"):
+            columns, expected = table_rows(conn, f"public.{name}")
+            assert mirror_rows(lake, f"public.{name}", columns) == expected, name
+        dupes = conn.execute("SELECT count(*) FROM dupes WHERE a = 1").fetchone()
+    assert dupes is not None
+    mirror = read_table(lake_path(lake, "public.dupes", SinkKind.MIRROR))
+    ones = mirror.filter(pa.compute.equal(mirror.column("a"), 1))
+    assert sorted(ones.column("_pgcdc_copy").to_pylist()) == list(range(1, dupes[0] + 1))
+    changelog = read_table(lake_path(lake, "public.big", SinkKind.CHANGELOG))
+    # Each change has its own place in the log, the snapshot's rows of every chunk too.
+    places = list(zip(*changelog.select(["_commit_lsn", "_seq"]).to_pydict().values(), strict=True))
+    assert len(places) == len(set(places)) == 60000 + 60 + 60
+    ops = changelog.group_by("_op").aggregate([("_op", "count")]).to_pylist()
+    assert {row["_op"]: row["_op_count"] for row in ops} == {
+        "insert": 60000,
+        "update": 60,
+        "delete": 60,
+    }
+
+
+def test_a_lake_table_holding_rows_is_refused_not_added_to(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    """A new change log's snapshot lands in empty tables: rows some other pipeline wrote there
+    are a typed error naming the way out, and the slot created for it is dropped again."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    first = _settings(db, tmp_path / "first", "first", "executors")
+    pipeline.run(first, once=True, spark=spark)
+    second = pipeline.with_overrides(
+        _settings(db, tmp_path / "second", "second", "executors"), lake=first.lake
+    )
+    with pytest.raises(Exception, match="already holds rows") as caught:
+        pipeline.run(second, once=True, spark=spark)
+    assert "snapshot_in" in str(caught.value)
+    with db.connect() as conn:
+        slots = conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall()
+    assert ("second",) not in slots
+    from deltalake import DeltaTable
+
+    mirror = DeltaTable(lake_path(Path(first.lake), "public.t", SinkKind.MIRROR))
+    assert mirror.transaction_version(first.pipeline().app_id + SNAPSHOT_APP_SUFFIX) is not None
