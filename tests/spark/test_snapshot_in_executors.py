@@ -7,6 +7,7 @@ point with nothing lost or repeated."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
 from pgcdc.sinks import SinkKind, read_table
+from pgcdc.spark import snapshot as spark_snapshot
 from pgcdc.spark.pipeline import spark_session
 from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX
 from tests.conftest import Database
@@ -85,14 +87,22 @@ def _big_chunks(lake: Path) -> int:
 
 
 def test_executors_land_what_the_change_log_path_lands(
-    db: Database, tmp_path: Path, spark: Any
+    db: Database,
+    tmp_path: Path,
+    spark: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    monkeypatch.setattr(spark_snapshot, "PROGRESS_SECONDS", 0.1)
     db.execute(EVERY_TYPE.replace("CREATE PUBLICATION pub FOR ALL TABLES;", "") + MORE_TABLES)
     db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     receiver = _settings(db, tmp_path / "receiver", "by_receiver", "receiver")
     executors = _settings(db, tmp_path / "executors", "by_executors", "executors")
     pipeline.run(receiver, once=True, spark=spark)
-    pipeline.run(executors, once=True, spark=spark)
+    with caplog.at_level(logging.INFO, logger="pgcdc.spark.snapshot"):
+        pipeline.run(executors, once=True, spark=spark)
+    progress = [r.getMessage() for r in caplog.records if "chunks copied" in r.getMessage()]
+    assert progress, "no progress was reported while the tasks copied"
     # The executors' rows never passed through the change log.
     assert list(ChangeLog(tmp_path / "executors" / "changelog").read_transactions()) == []
     assert _big_chunks(tmp_path / "executors" / "lake") > 4

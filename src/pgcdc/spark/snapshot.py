@@ -210,11 +210,16 @@ def _report(
                 for stage_id in info.stageIds if info else ():
                     stage_info = tracker.getStageInfo(stage_id)
                     finished += stage_info.numCompletedTasks if stage_info else 0
+            elapsed = time.monotonic() - started
+            left = (
+                f", about {elapsed * (chunks - finished) / finished:.0f} s left" if finished else ""
+            )
             log.info(
-                "initial snapshot: %d of %d chunks copied in %.0f s",
+                "initial snapshot: %d of %d chunks copied in %.0f s%s",
                 finished,
                 chunks,
-                time.monotonic() - started,
+                elapsed,
+                left,
             )
 
     return loop
