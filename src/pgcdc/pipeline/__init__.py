@@ -447,9 +447,10 @@ def _validate(settings: Settings) -> None:
             )
 
 
-def query_failure(error: Any) -> PgcdcError:
-    """A failed query as one line: the Python error a foreachBatch raised (Spark wraps it in a
-    Java stack), a full disk as a StorageError that says what to do."""
+def query_failure(error: Any, what: str = "the pipeline query") -> PgcdcError:
+    """A failed query (or Spark job: ``what``) as one line: the Python error a task or
+    foreachBatch raised (Spark wraps it in a Java stack), a full disk as a StorageError that
+    says what to do."""
     text = str(error)
     lines = [line.strip() for line in text.splitlines()]
     spark = ("org.", "java.", "scala.", "py4j.", "pyspark.")
@@ -460,7 +461,7 @@ def query_failure(error: Any) -> PgcdcError:
             f"the lake or the checkpoint is out of space ({reason}); free space on that file "
             "system, then run the same command again: it resumes from what was stored"
         )
-    return PipelineQueryError(f"the pipeline query failed: {reason or type(error).__name__}")
+    return PipelineQueryError(f"{what} failed: {reason or type(error).__name__}")
 
 
 def missing_slot(settings: Settings) -> SlotNotFound:
@@ -802,7 +803,15 @@ def snapshot_in_executors(
     taken: list[SnapshotResult] = []
 
     def take(s: Settings, writer: ChangeLogWriter, standby: bool) -> SnapshotResult:
-        taken.append(land(s, writer, standby))
+        try:
+            taken.append(land(s, writer, standby))
+        except PgcdcError:
+            raise
+        except Exception as error:  # a Spark job's failure: a Java stack around the reason
+            failure = query_failure(error, "the initial snapshot's Spark job")
+            for note in getattr(error, "__notes__", ()):
+                failure.add_note(note)  # whether the slot was dropped
+            raise failure from None
         return taken[-1]
 
     backoff = Backoff(settings.retry)
