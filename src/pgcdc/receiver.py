@@ -132,7 +132,7 @@ _FEW_EVENTS = 16
 # Row changes a RowRun starts with; pgoutput puts the row's TupleData after type byte, relation
 # OID and tuple marker (outside stream blocks), and the run's messages share those bytes and the
 # column count. A run is fed once it reaches either bound.
-_RUN_STARTS = (Insert, Update, Delete)
+_RUN_STARTS = frozenset((Insert, Update, Delete))
 _RUN_ROW_START = RowRun.HEADER_BYTES
 RUN_MAX_ROWS = 4096
 # A run without rows after its first change yet: shared, never appended to.
@@ -732,8 +732,13 @@ class Receiver:
         # marker and width) join it in a RowRun as their rows' bytes, with no decoding, for a
         # sink that takes them. The run is fed when a message does not join it.
         runs = type(decoder) is PgOutputDecoder and getattr(self.sink, "accepts_row_runs", False)
+        # The event types that may start a run: none when the sink takes no runs.
+        run_starts: frozenset[type] = _RUN_STARTS if runs else frozenset()
         run_first: Insert | Update | Delete | None = None
         run_kind = 0  # the message type of the run's first change
+        # The low byte of its relation OID (payload[4]): with the type, a test that turns away
+        # most messages of other tables before the prefix is compared.
+        run_oid = 0
         # The run's first message; the prefix the others must share is taken from it when a
         # message of the same type follows (most runs end at once, on a Commit).
         run_source: bytes | memoryview = b""
@@ -769,7 +774,7 @@ class Receiver:
                     if run_first is not None:
                         # Only a message of the run's type can join it; any other (often the
                         # Commit after a transaction's one change) ends it unread.
-                        if size and payload[0] == run_kind:
+                        if size > 4 and payload[0] == run_kind and payload[4] == run_oid:
                             # One copy out of the stream's buffer, then bytes operations:
                             # faster, measured, than comparing and slicing the memoryview.
                             payload = bytes(payload)
@@ -796,13 +801,13 @@ class Receiver:
                     # The decoder reads the stream's buffer and copies only what it keeps.
                     event = decode_one(payload, lsn)
                     if (
-                        runs
-                        and isinstance(event, _RUN_STARTS)
-                        and event.xid is None
+                        type(event) in run_starts
+                        and event.xid is None  # type: ignore[union-attr]
                         and (type(event) is not Update or event.old is None)
                     ):
-                        run_first = event
+                        run_first = event  # type: ignore[assignment]
                         run_kind = payload[0]
+                        run_oid = payload[4]
                         run_source = payload
                         run_prefix = b""
                         run_lsns, run_rows, run_size = _NO_LSNS, _NO_ROWS, size
