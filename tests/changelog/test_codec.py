@@ -277,6 +277,26 @@ def test_encode_in_runs_builds_what_event_by_event_does(transactions):
     assert list(decode([batch])) == transactions
 
 
+@settings(max_examples=100, deadline=None)
+@given(oltp_transactions(), st.integers(-100, 400))
+def test_add_run_takes_an_event_at_least_however_little_room_is_left(transactions, room):
+    """Each ``add_run`` takes at least one event (a frame of one), so a writer filling frames
+    always moves on; taking the events in turns builds what ``_add`` builds event by event."""
+    builder, checked = BatchBuilder(), BatchBuilder()
+    for transaction in transactions:
+        events = tuple(transaction.events)
+        position = seq = 0
+        while position < len(events):
+            _, end, seq = builder.add_run(
+                transaction, events, position, seq, room=room, definitions=[]
+            )
+            assert end > position
+            position = end
+        for seq, event in enumerate(events):
+            checked._add(_checked(transaction), seq, event)
+    assert builder.build().equals(checked.build())
+
+
 def test_a_commit_outside_the_fast_check_is_still_refused():
     """Fields the fast check does not take go through the checks, which refuse bad ones."""
     builder = BatchBuilder()

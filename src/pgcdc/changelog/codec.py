@@ -316,6 +316,18 @@ class BatchBuilder:
         self._c_new: list[bytes | None] = []
         self._c_old: list[bytes | None] = []
         self._c_old_is_key: list[bool | None] = []
+        # The columns' appends, in ``_append``'s order, for ``_add_changes``.
+        self._appends = (
+            self._c_txn.append,
+            self._c_seq.append,
+            self._c_lsn.append,
+            self._c_kind.append,
+            self._c_xid.append,
+            self._c_table.append,
+            self._c_new.append,
+            self._c_old.append,
+            self._c_old_is_key.append,
+        )
         self._txns: list[tuple[Any, ...]] = []
         self._txn: CommittedTransaction | None = None
         self._txn_pos = -1
@@ -427,59 +439,107 @@ class BatchBuilder:
         """Append one event of ``txn`` at position ``seq`` (None: the row of a transaction
         without events); return its approximate size. Unloggable input raises before
         anything is added, so the builder stays consistent."""
-        kind = type(event)
-        if kind is Insert or kind is Update or kind is Delete:
-            # A row change of a known table, rows from the decoder, positions the decoder made
-            # (LSNs are range-checked when made): ``_add`` without its checks.
-            table = event.table  # type: ignore[union-attr]
-            entry = self._table_ids.get(id(table))
-            xid = event.xid  # type: ignore[union-attr]
-            lsn = event.lsn  # type: ignore[union-attr]
-            old_is_key: bool | None = None
+        if type(event) in _RUN_TYPES:
+            size, taken, _ = self._add_changes(txn, (event,), 0, 1, seq, room=_U64)  # type: ignore[arg-type]
+            if taken:
+                return size
+        return self._add(txn, seq, event)
+
+    def _add_changes(
+        self,
+        txn: CommittedTransaction,
+        events: Sequence[Event],
+        position: int,
+        end: int,
+        seq: int,
+        *,
+        room: int,
+    ) -> tuple[int, int, int]:
+        """Append ``events[position:end]`` of ``txn``, the first at position ``seq``, while each
+        is an Insert, Update or Delete of a table already in this batch, with the decoder's
+        rows (``EncodedRow``s) and positions (an ``LSN``, a valid xid), until the estimated size
+        reaches ``room`` (the event that reaches it is the last one taken): ``_add`` without
+        its checks, and the columns' appends looked up once for the whole stretch. Return the
+        size added, the index after the last event taken and the position after it."""
+        if type(seq) is not int or seq < 0:
+            return 0, position, seq
+        if end - position > _U32 - seq:
+            end = position + max(_U32 - seq, 0)
+        table_ids = self._table_ids
+        txn_index = self._txn_pos if txn is self._txn else -1
+        (
+            append_txn,
+            append_seq,
+            append_lsn,
+            append_kind,
+            append_xid,
+            append_table,
+            append_new,
+            append_old,
+            append_old_is_key,
+        ) = self._appends
+        size = 0
+        first = position
+        while position < end:
+            event = events[position]
+            kind = type(event)
             if kind is Insert:
                 new, old = event.new, None  # type: ignore[union-attr]
-                rows_ok = type(new) is EncodedRow
+                old_is_key: bool | None = None
+                if type(new) is not EncodedRow:
+                    break
             elif kind is Update:
                 new, old = event.new, event.old  # type: ignore[union-attr]
                 old_is_key = bool(event.old_is_key)  # type: ignore[union-attr]
-                rows_ok = type(new) is EncodedRow and (old is None or type(old) is EncodedRow)
-            else:
+                if type(new) is not EncodedRow or (old is not None and type(old) is not EncodedRow):
+                    break
+            elif kind is Delete:
                 new, old = None, event.old  # type: ignore[union-attr]
                 old_is_key = bool(event.old_is_key)  # type: ignore[union-attr]
-                rows_ok = type(old) is EncodedRow
+                if type(old) is not EncodedRow:
+                    break
+            else:
+                break
+            # LSNs are range-checked when made.
+            table = event.table  # type: ignore[union-attr]
+            entry = table_ids.get(id(table))
+            xid = event.xid  # type: ignore[union-attr]
+            lsn = event.lsn
             if (
-                rows_ok
-                and entry is not None
-                and entry[0] is table
-                and type(lsn) is LSN
-                and type(seq) is int
-                and 0 <= seq < _U32
-                and (xid is None or (type(xid) is int and 0 <= xid < _U64))
+                entry is None
+                or entry[0] is not table
+                or type(lsn) is not LSN
+                or not (xid is None or (type(xid) is int and 0 <= xid < _U64))
             ):
-                txn_index = self._txn_pos if txn is self._txn else self._txn_index(txn)
-                size = 64
-                new_data = old_data = None
-                if new is not None:
-                    new_data = new._data  # type: ignore[union-attr]
-                    if len(new_data) > entry[2]:
-                        size += len(new_data) - entry[2]
-                if old is not None:
-                    old_data = old._data  # type: ignore[union-attr]
-                    if len(old_data) > entry[2]:
-                        size += len(old_data) - entry[2]
-                # _append, inlined.
-                self._c_txn.append(txn_index)
-                self._c_seq.append(seq)
-                self._c_lsn.append(lsn)
-                self._c_kind.append(_RUN_KINDS[kind])
-                self._c_xid.append(xid)
-                self._c_table.append(entry[1])
-                self._c_new.append(new_data)
-                self._c_old.append(old_data)
-                self._c_old_is_key.append(old_is_key)
-                self.rows += 1
-                return size
-        return self._add(txn, seq, event)
+                break
+            if txn_index < 0:
+                txn_index = self._txn_index(txn)
+            event_size = 64
+            new_data = old_data = None
+            if new is not None:
+                new_data = new._data
+                if len(new_data) > entry[2]:
+                    event_size += len(new_data) - entry[2]
+            if old is not None:
+                old_data = old._data  # type: ignore[union-attr]
+                if len(old_data) > entry[2]:
+                    event_size += len(old_data) - entry[2]
+            append_txn(txn_index)
+            append_seq(seq)
+            append_lsn(lsn)
+            append_kind(_RUN_KINDS[kind])
+            append_xid(xid)
+            append_table(entry[1])
+            append_new(new_data)
+            append_old(old_data)
+            append_old_is_key(old_is_key)
+            position += 1
+            seq += 1
+            size += event_size
+            if size >= room:
+                break
+        self.rows += position - first
+        return size, position, seq
 
     def add_run(
         self,
@@ -499,13 +559,16 @@ class BatchBuilder:
 
         A run of Inserts, Updates or Deletes of one kind with decoder rows (the common case) is
         added column by column in C-level passes, and so are a RowRun's rows; anything else goes
-        event by event through ``add``. Unloggable input raises; the events before the failing
-        one may have been added (a writer drops the whole transaction then)."""
+        in stretches of row changes (``_add_changes``) and, between them, event by event.
+        Unloggable input raises; the events before the failing one may have been added (a
+        writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
-        if end - start == 1 and type(events[start]) in _RUN_TYPES:
-            # One row change (a small transaction's last one, or its only one).
-            return self.add(txn, seq, events[start]), end, seq + 1
-        if end - start > 1 and seq + end - start <= _U32:
+        if (
+            end - start > 1
+            and seq + end - start <= _U32
+            # Different first and last types (a small OLTP transaction's mix): not one kind.
+            and type(events[start]) is type(events[end - 1])
+        ):
             run = events if start == 0 and end == len(events) else events[start:end]
             kinds = set(map(type, run))
             if len(kinds) == 1 and kinds <= _RUN_TYPES:
@@ -514,21 +577,28 @@ class BatchBuilder:
                     size, taken = added
                     return size, start + taken, seq + taken
         size = 0
-        add = self.add
         position = start
-        for position in range(start, end):
+        while position < end:
+            stretch, position, seq = self._add_changes(
+                txn, events, position, end, seq, room=room - size
+            )
+            size += stretch
+            # At least one event is taken, even with no room (a frame of one event).
+            if position == end or (size >= room and position > start):
+                break
             event = events[position]
             if type(event) is RowRun:
                 size += self._add_row_run(txn, seq, event)
                 seq += len(event)
             else:
-                size += add(txn, seq, event)
+                size += self._add(txn, seq, event)
                 seq += 1
             if type(event) in _DEFINITIONS:
                 definitions.append(event)
+            position += 1
             if size >= room:
                 break
-        return size, position + 1, seq
+        return size, position, seq
 
     def _add_rows(
         self, txn: CommittedTransaction, first_seq: int, events: Sequence[Event], room: int
