@@ -741,7 +741,7 @@ class Receiver:
         run_oid = 0
         # The run's first message; the prefix the others must share is taken from it when a
         # message of the same type follows (most runs end at once, on a Commit).
-        run_source: bytes | memoryview = b""
+        run_source = b""
         run_prefix = b""
         # A run's rows after its first change: fresh lists once a second change joins.
         run_lsns: list[LSN] = _NO_LSNS
@@ -768,18 +768,19 @@ class Receiver:
                     lsn = message.data_start
                     if lsn >= watch_from and policy.message(lsn) is not None:
                         return "end_lsn"  # commits after end_lsn start here; leave them unread
+                    # One copy out of the stream's buffer, which the decoder would make anyway:
+                    # the tests and slices below then read bytes, cheaper than a memoryview.
                     payload = message.payload
+                    if type(payload) is not bytes:
+                        payload = bytes(payload)
                     size = len(payload)
                     self._bytes += size
                     if run_first is not None:
                         # Only a message of the run's type can join it; any other (often the
                         # Commit after a transaction's one change) ends it unread.
                         if size > 4 and payload[0] == run_kind and payload[4] == run_oid:
-                            # One copy out of the stream's buffer, then bytes operations:
-                            # faster, measured, than comparing and slicing the memoryview.
-                            payload = bytes(payload)
                             if not run_prefix:
-                                run_prefix = bytes(run_source[: _RUN_ROW_START + 2])
+                                run_prefix = run_source[: _RUN_ROW_START + 2]
                             if (
                                 payload.startswith(run_prefix)
                                 and run_size < RUN_MAX_BYTES
@@ -798,7 +799,6 @@ class Receiver:
                         run_first = None
                         for txn in feed(run, run_size):
                             store(txn)
-                    # The decoder reads the stream's buffer and copies only what it keeps.
                     event = decode_one(payload, lsn)
                     if (
                         type(event) in run_starts
