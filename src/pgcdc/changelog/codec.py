@@ -563,7 +563,12 @@ class BatchBuilder:
         Unloggable input raises; the events before the failing one may have been added (a
         writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
-        if (
+        if end - start == 1:
+            # One event (a small transaction's only or last one): no stretch to walk.
+            size, position, seq = self._add_changes(txn, events, start, end, seq, room=room)
+            if position == end:
+                return size, end, seq
+        elif (
             end - start > 1
             and seq + end - start <= _U32
             # Different first and last types (a small OLTP transaction's mix): not one kind.
