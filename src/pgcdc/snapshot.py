@@ -88,6 +88,7 @@ __all__ = [
     "SnapshotProgress",
     "SnapshotResult",
     "SnapshotTable",
+    "chunk_pages",
     "copy_chunk",
     "copy_query",
     "exported_slot",
@@ -539,7 +540,7 @@ class SnapshotProgress:
         return text
 
 
-def _chunk_pages(chunk: Chunk) -> int:
+def chunk_pages(chunk: Chunk) -> int:
     """The pages a chunk covers as planned (at least 1, so an empty table's chunk counts)."""
     first = chunk.first_page or 0
     end = chunk.table.pages if chunk.end_page is None else chunk.end_page
@@ -575,7 +576,7 @@ class _Copier:
         self.bytes = 0
         self.chunk_count = len(chunks)
         self.chunks_done = 0
-        self.pages = sum(map(_chunk_pages, chunks))
+        self.pages = sum(map(chunk_pages, chunks))
         self.pages_done = 0
         self.started = time.monotonic()
         self.count_lock = threading.Lock()
@@ -627,7 +628,7 @@ class _Copier:
                 self.rows += rows
                 self.bytes += size
                 self.chunks_done += 1
-                self.pages_done += _chunk_pages(chunk)
+                self.pages_done += chunk_pages(chunk)
 
     def progress(self) -> SnapshotProgress:
         """What the workers have copied so far (whole chunks)."""

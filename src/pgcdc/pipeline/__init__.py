@@ -774,9 +774,7 @@ def _snapshot_due_in_executors(settings: Settings) -> bool:
     return load_origin(settings.changelog, settings.storage) is None
 
 
-def snapshot_in_executors(
-    settings: Settings, spark: Any, stop: threading.Event | None = None
-) -> LSN | None:
+def snapshot_in_executors(settings: Settings, spark: Any, stop: threading.Event) -> LSN | None:
     """Claim the slot for a new change log as the receiver would (``claim_slot``), the initial
     snapshot copied by Spark tasks into the Delta tables (``pgcdc.spark.snapshot``) rather
     than by the receiver into the change log; the receiver then streams from the slot's
@@ -787,24 +785,21 @@ def snapshot_in_executors(
     this attempt, or by the next through the pending mark) and the snapshot taken again."""
     from pgcdc.spark.snapshot import land_initial_snapshot
 
-    def land(s: Settings, writer: ChangeLogWriter, standby: bool) -> SnapshotResult:
-        if standby:
-            _creating_on_standby(s)
-        return land_initial_snapshot(
-            spark,
-            s.pipeline(),
-            conninfo=s.conninfo,
-            slot=s.slot,
-            publications=s.publications,
-            failover=s.failover and not standby,
-            copy_format=s.snapshot_copy_format,
-        )
-
     taken: list[SnapshotResult] = []
 
     def take(s: Settings, writer: ChangeLogWriter, standby: bool) -> SnapshotResult:
+        if standby:
+            _creating_on_standby(s)
         try:
-            taken.append(land(s, writer, standby))
+            result = land_initial_snapshot(
+                spark,
+                s.pipeline(),
+                conninfo=s.conninfo,
+                slot=s.slot,
+                publications=s.publications,
+                failover=s.failover and not standby,
+                copy_format=s.snapshot_copy_format,
+            )
         except PgcdcError:
             raise
         except Exception as error:  # a Spark job's failure: a Java stack around the reason
@@ -812,7 +807,8 @@ def snapshot_in_executors(
             for note in getattr(error, "__notes__", ()):
                 failure.add_note(note)  # whether the slot was dropped
             raise failure from None
-        return taken[-1]
+        taken.append(result)
+        return result
 
     backoff = Backoff(settings.retry)
     while True:
@@ -827,10 +823,8 @@ def snapshot_in_executors(
             if delay is None:
                 raise
             log.warning("initial snapshot: %s; taking it again in %.1f s", first_line(error), delay)
-            if stop is not None and stop.wait(delay):
+            if stop.wait(delay):
                 return None
-            if stop is None:
-                time.sleep(delay)
 
 
 def _spark() -> Any:

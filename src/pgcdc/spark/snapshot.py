@@ -46,6 +46,7 @@ from pgcdc.snapshot import (
     Chunk,
     SnapshotResult,
     SnapshotTable,
+    chunk_pages,
     copy_chunk,
     exported_slot,
     open_worker,
@@ -152,7 +153,7 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
     rows = pa.array([row for batch, _ in parts for row in batch], pa.binary())
     if len(rows) > task.stride and not task.last:
         raise SnapshotError(
-            f"{table.qualified_name}: {len(rows)} rows in {_pages(chunk)} pages, more than "
+            f"{table.qualified_name}: {len(rows)} rows in {chunk_pages(chunk)} pages, more than "
             f"{MAX_TUPLES_PER_PAGE} a page (a server built with a larger block size?); set "
             '[source] snapshot_in = "receiver"'
         )
@@ -184,16 +185,11 @@ def _replaces(delta: Any, path: str, app_id: str) -> bool:
     )
 
 
-def _chunk_pages(tables: Sequence[SnapshotTable], slots: int) -> int:
+def _pages_per_chunk(tables: Sequence[SnapshotTable], slots: int) -> int:
     """Chunks small enough that every task slot gets several, at most DEFAULT_CHUNK_PAGES."""
     total = sum(t.pages for t in tables if t.splittable)
     wanted = total // max(slots * CHUNKS_PER_SLOT, 1)
     return max(MIN_CHUNK_PAGES, min(DEFAULT_CHUNK_PAGES, wanted))
-
-
-def _pages(chunk: Chunk) -> int:
-    first = chunk.first_page or 0
-    return (chunk.table.pages if chunk.end_page is None else chunk.end_page) - first
 
 
 def _report(
@@ -225,7 +221,7 @@ def _report(
     return loop
 
 
-def _tasks(chunks: Sequence[Chunk], chunk_pages: int) -> list[_Task]:
+def _tasks(chunks: Sequence[Chunk], pages_per_chunk: int) -> list[_Task]:
     """The chunks as tasks, biggest first (the last tasks to start are the short ones)."""
     by_table: dict[str, list[Chunk]] = defaultdict(list)
     for chunk in chunks:
@@ -233,10 +229,10 @@ def _tasks(chunks: Sequence[Chunk], chunk_pages: int) -> list[_Task]:
     tasks = []
     for own in by_table.values():
         own.sort(key=lambda c: c.first_page or 0)
-        stride = chunk_pages * MAX_TUPLES_PER_PAGE
+        stride = pages_per_chunk * MAX_TUPLES_PER_PAGE
         for ordinal, chunk in enumerate(own):
             tasks.append(_Task(chunk, ordinal, stride, last=ordinal == len(own) - 1))
-    tasks.sort(key=lambda t: _pages(t.chunk), reverse=True)
+    tasks.sort(key=lambda t: chunk_pages(t.chunk), reverse=True)
     return tasks
 
 
@@ -273,7 +269,7 @@ def land_initial_snapshot(
     failover: bool = False,
     copy_format: str = "auto",
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
-    chunk_pages: int | None = None,
+    pages_per_chunk: int | None = None,
 ) -> SnapshotResult:
     """Create ``slot`` and land every row it will not stream in the pipeline's Delta tables,
     copied by Spark tasks, each table in one commit. On failure the slot is dropped again."""
@@ -307,7 +303,8 @@ def land_initial_snapshot(
             job.targets[spec.table.qualified_name] = targets
             if counts_copies:
                 whole.append(spec)
-        pages = chunk_pages or _chunk_pages(plan.tables, spark.sparkContext.defaultParallelism)
+        slots = spark.sparkContext.defaultParallelism
+        pages = pages_per_chunk or _pages_per_chunk(plan.tables, slots)
         split = [s for s in plan.tables if s not in whole]
         # Keyless REPLICA IDENTITY FULL tables number identical rows: one task sees them all.
         chunks = plan_chunks(split, pages) + [Chunk(s) for s in whole]
