@@ -167,6 +167,54 @@ def test_snapshot_never_skips_existing_rows(db: Database, tmp_path: Path) -> Non
     assert mirror_rows(lake, "public.notes", ["id", "body"]) == [{"id": 100, "body": "new"}]
 
 
+def _notes_over_one_mib(
+    db: Database, tmp_path: Path, *, snapshot_in: str, writes: str, kinds: str
+) -> Path:
+    """A 30k-row table published to "cdc" (over 2 MiB of random hex digits: zstd cannot shrink
+    it below the limit), and a pipeline TOML file whose driver may receive only 1 MiB of task
+    results."""
+    if db.execute("SELECT to_regclass('notes')") == [(None,)]:
+        db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
+        db.execute(
+            "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
+            "|| md5(random()::text) || md5(random()::text) FROM generate_series(1, 30000) g"
+        )
+        db.execute("CREATE PUBLICATION cdc FOR TABLE notes")
+    config = tmp_path / f"{snapshot_in}-{writes}.toml"
+    config.write_text(
+        f"""
+[source]
+conninfo = "{db.conninfo()}"
+publications = ["cdc"]
+snapshot_in = "{snapshot_in}"
+
+[paths]
+changelog = "{tmp_path / "log"}"
+lake = "{tmp_path / "lake"}"
+checkpoint = "{tmp_path / "checkpoint"}"
+
+[tables]
+kinds = {kinds}
+
+[spark]
+master = "local[2]"
+writes = "{writes}"
+conf = {{ "spark.driver.maxResultSize" = "1m" }}
+"""
+    )
+    return config
+
+
+def _changes_land(db: Database, config: Path) -> None:
+    """Some notes updated and deleted, the pipeline run again: the mirror equals the source."""
+    db.execute("UPDATE notes SET note = 'changed' WHERE id % 100 = 0")
+    db.execute("DELETE FROM notes WHERE id % 101 = 0")
+    assert main(["pipeline", "run", "--config", str(config), "--once"]) == 0
+    columns, expected = _source_rows(db, "public.notes")
+    assert len(expected) > 29_000
+    assert mirror_rows(config.parent / "lake", "public.notes", columns) == expected
+
+
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
 def test_writes_in_executors_keep_batches_off_the_driver(
     db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -174,50 +222,14 @@ def test_writes_in_executors_keep_batches_off_the_driver(
     """The driver may receive 1 MiB of task results, the snapshot's batch (copied by the
     receiver into the change log) is larger: collected to the driver it is a typed error saying
     what to set; written in executors it lands."""
-    db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
-    db.execute(  # random hex digits: zstd cannot shrink the batch below the limit
-        "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
-        "|| md5(random()::text) || md5(random()::text) FROM generate_series(1, 30000) g"
-    )
-    db.execute("CREATE PUBLICATION cdc FOR TABLE notes")
-    lake = tmp_path / "lake"
-
-    def run(writes: str) -> int:
-        config = tmp_path / f"{writes}.toml"
-        config.write_text(
-            f"""
-[source]
-conninfo = "{db.conninfo()}"
-publications = ["cdc"]
-snapshot_in = "receiver"
-
-[paths]
-changelog = "{tmp_path / "log"}"
-lake = "{lake}"
-checkpoint = "{tmp_path / "checkpoint"}"
-
-[tables]
-kinds = ["mirror"]
-
-[spark]
-master = "local[2]"
-writes = "{writes}"
-conf = {{ "spark.driver.maxResultSize" = "1m" }}
-"""
-        )
-        return main(["pipeline", "run", "--config", str(config), "--once"])
-
-    assert run("driver") == 1
+    settings = {"snapshot_in": "receiver", "kinds": '["mirror"]'}
+    on_driver = _notes_over_one_mib(db, tmp_path, writes="driver", **settings)
+    assert main(["pipeline", "run", "--config", str(on_driver), "--once"]) == 1
     error = capsys.readouterr().err
     assert "larger than spark.driver.maxResultSize" in error, error[-2000:]
     assert 'writes = "executors"' in error
-    assert not (lake / "public" / "notes" / "mirror").exists()
-    db.execute("UPDATE notes SET note = 'changed' WHERE id % 100 = 0")
-    db.execute("DELETE FROM notes WHERE id % 101 = 0")
-    assert run("executors") == 0
-    columns, expected = _source_rows(db, "public.notes")
-    assert len(expected) > 29_000
-    assert mirror_rows(lake, "public.notes", columns) == expected
+    assert not (tmp_path / "lake" / "public" / "notes" / "mirror").exists()
+    _changes_land(db, _notes_over_one_mib(db, tmp_path, writes="executors", **settings))
 
 
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
@@ -227,38 +239,14 @@ def test_a_snapshot_in_executors_never_passes_through_the_driver(
     """The same 1 MiB limit on task results with Delta writes on the driver: the initial
     snapshot, copied by Spark tasks that write the Delta tables themselves, lands whole (the
     driver gets only add actions), and the stream's small batches after it land too."""
-    db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
-    db.execute(
-        "INSERT INTO notes SELECT g, md5(random()::text) || md5(random()::text) "
-        "|| md5(random()::text) || md5(random()::text) FROM generate_series(1, 30000) g"
-    )
-    db.execute("CREATE PUBLICATION cdc FOR TABLE notes")
-    lake = tmp_path / "lake"
-    config = tmp_path / "pipeline.toml"
-    config.write_text(
-        f"""
-[source]
-conninfo = "{db.conninfo()}"
-publications = ["cdc"]
-snapshot_in = "executors"
-
-[paths]
-changelog = "{tmp_path / "log"}"
-lake = "{lake}"
-checkpoint = "{tmp_path / "checkpoint"}"
-
-[spark]
-master = "local[2]"
-writes = "driver"
-conf = {{ "spark.driver.maxResultSize" = "1m" }}
-"""
+    config = _notes_over_one_mib(
+        db,
+        tmp_path,
+        snapshot_in="executors",
+        writes="driver",
+        kinds='["changelog", "mirror", "history"]',
     )
     assert main(["pipeline", "run", "--config", str(config), "--once"]) == 0
     columns, expected = _source_rows(db, "public.notes")
-    assert mirror_rows(lake, "public.notes", columns) == expected
-    db.execute("UPDATE notes SET note = 'changed' WHERE id % 100 = 0")
-    db.execute("DELETE FROM notes WHERE id % 101 = 0")
-    assert main(["pipeline", "run", "--config", str(config), "--once"]) == 0
-    columns, expected = _source_rows(db, "public.notes")
-    assert len(expected) > 29_000
-    assert mirror_rows(lake, "public.notes", columns) == expected
+    assert mirror_rows(tmp_path / "lake", "public.notes", columns) == expected
+    _changes_land(db, config)
