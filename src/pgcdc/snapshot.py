@@ -774,17 +774,26 @@ def take_snapshot(
 
 @contextlib.contextmanager
 def exported_slot(
-    conninfo: str, slot: str, plugin: str = "pgoutput", *, failover: bool = False
+    conninfo: str,
+    slot: str,
+    plugin: str = "pgoutput",
+    *,
+    failover: bool = False,
+    temporary: bool = False,
+    keep_on_failure: Callable[[], bool] = lambda: False,
 ) -> Iterator[CreatedSlot]:
     """Create ``slot``, exporting its snapshot, which lives while this block runs (the
     exporting connection stays open and idle). A failure inside drops the slot again, so a
-    retry can create it; the error says whether that worked."""
+    retry can create it (the error says whether that worked), unless ``keep_on_failure()``
+    says what was done with the snapshot can be resumed from. A ``temporary`` slot goes when
+    the block ends, whatever happened."""
     exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
     try:
         try:
             created = exporter.create_replication_slot(
                 slot,
                 plugin,
+                temporary=temporary,
                 snapshot="export",
                 failover=failover and supports_failover(exporter.server_version),
             )
@@ -800,7 +809,10 @@ def exported_slot(
         try:
             yield created
         except BaseException as error:
-            error.add_note(_drop_slot(exporter, slot))
+            if keep_on_failure():
+                error.add_note(f"slot {slot!r} was kept: the next attempt resumes from it")
+            elif not temporary:
+                error.add_note(_drop_slot(exporter, slot))
             raise
     finally:
         exporter.close()

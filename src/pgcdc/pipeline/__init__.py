@@ -60,7 +60,7 @@ from pgcdc.connection.conninfo import connect, normalize
 from pgcdc.connection.deadline import answered_within
 from pgcdc.connection.preflight import LOGICAL_DECODING_ON_STANDBY
 from pgcdc.connection.replication import ReplicationConnection
-from pgcdc.connection.sql import create_logical_slot, drop_slot, get_slot
+from pgcdc.connection.sql import SlotInfo, create_logical_slot, drop_slot, get_slot
 from pgcdc.connection.standby import in_recovery
 from pgcdc.errors import (
     InvalidOption,
@@ -76,6 +76,7 @@ from pgcdc.errors import (
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.origin import (
     ConfirmGuard,
+    PendingSnapshot,
     ServerTimeline,
     SlotOrigin,
     clear_snapshot_pending,
@@ -604,10 +605,15 @@ def recopy(
     return True
 
 
+# Takes the initial snapshot: (settings, the new change log's writer, on a standby, the
+# consistent point an interrupted snapshot resumes from or None).
+TakeSnapshot = Callable[[Settings, ChangeLogWriter, bool, LSN | None], SnapshotResult]
+
+
 def claim_slot(
     settings: Settings,
     writer: ChangeLogWriter,
-    take_snapshot: Callable[[Settings, ChangeLogWriter, bool], SnapshotResult] | None = None,
+    take_snapshot: TakeSnapshot | None = None,
 ) -> SlotOrigin | None:
     """Make sure the slot can fill this change log without a gap, and keep recording it.
 
@@ -618,12 +624,15 @@ def claim_slot(
     the snapshot that matches its start), else the slot is created here, so that its start is
     recorded before anything streams. None: no slot to record (the receiver reports it).
     Connection errors are typed, so the receiver's retries ride them out. ``take_snapshot``
-    (settings, writer, on a standby) takes the initial snapshot; by default the receiver's
-    threads copy it into the change log (``initial_snapshot``).
+    (settings, writer, on a standby, the consistent point to resume from or None) takes the
+    initial snapshot; by default the receiver's threads copy it into the change log
+    (``initial_snapshot``).
 
     A snapshot interrupted by a crash (of the server or of pgcdc) leaves its slot behind with
-    nothing in the log: that slot is dropped and the snapshot taken again, never streamed
-    from without the rows it should have started with."""
+    nothing in the log. One the executors were landing resumes from that slot when it still
+    starts where the snapshot was taken (``_resumable``): the tables already landed stay.
+    Any other such slot is dropped and the snapshot taken again, never streamed from without
+    the rows it should have started with."""
     root = settings.changelog
     origin = load_origin(root, settings.storage)
     fresh = origin is None and writer.last_commit_lsn == 0
@@ -637,14 +646,26 @@ def claim_slot(
             standby = check_server_role(conn, standby_allowed=settings.standby)
             database = conn.info.dbname
             slot = get_slot(conn, settings.slot)
-        if fresh and slot is not None and snapshot_pending(root, settings.storage) == settings.slot:
-            log.warning(
-                "the initial snapshot into %s was interrupted before it completed: dropping "
-                "the slot %s it created and taking the snapshot again",
-                root,
-                settings.slot,
-            )
-            drop_slot(conn, settings.slot, if_exists=True)
+        pending = snapshot_pending(root, settings.storage) if fresh and slot else None
+        resume_from = None
+        if slot is not None and pending is not None and pending.slot == settings.slot:
+            resume_from = _resumable(settings, pending, slot, take_snapshot is not None)
+            if resume_from is None:
+                log.warning(
+                    "the initial snapshot into %s was interrupted before it completed: "
+                    "dropping the slot %s it created and taking the snapshot again",
+                    root,
+                    settings.slot,
+                )
+                drop_slot(conn, settings.slot, if_exists=True)
+            else:
+                log.warning(
+                    "the initial snapshot into %s was interrupted before it completed: "
+                    "resuming it from slot %s (at %s), with the tables not landed yet",
+                    root,
+                    settings.slot,
+                    resume_from,
+                )
             slot = None
         if not fresh:
             origin = verify(
@@ -672,8 +693,12 @@ def claim_slot(
             start = _create_slot(conn, settings, standby=standby)
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
-        mark_snapshot_pending(root, settings.slot, settings.storage)
-        result = (take_snapshot or initial_snapshot)(settings, writer, standby)
+        if resume_from is None:
+            mark_snapshot_pending(root, settings.slot, settings.storage)
+            result = (take_snapshot or initial_snapshot)(settings, writer, standby, None)
+        else:
+            assert take_snapshot is not None  # _resumable
+            result = take_snapshot(settings, writer, standby, resume_from)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
@@ -684,6 +709,20 @@ def claim_slot(
         save_origin(root, origin, settings.storage)
         clear_snapshot_pending(root, settings.storage)
     return origin
+
+
+def _resumable(
+    settings: Settings, pending: PendingSnapshot, slot: SlotInfo, can_resume: bool
+) -> LSN | None:
+    """Where an interrupted initial snapshot can resume from, or None: only one the executors
+    land (tables commit one by one; the receiver's path writes one transaction), from its
+    slot still at the consistent point it recorded (nothing streamed, no WAL lost)."""
+    point = pending.consistent_point
+    if not can_resume or settings.resolved_snapshot_in != "executors" or point is None:
+        return None
+    if slot.invalidated or slot.confirmed_flush_lsn != point or slot.plugin != "pgoutput":
+        return None
+    return point
 
 
 def _creating_on_standby(settings: Settings) -> None:
@@ -738,11 +777,17 @@ def server_timeline(
 
 
 def initial_snapshot(
-    settings: Settings, writer: ChangeLogWriter, standby: bool = False
+    settings: Settings,
+    writer: ChangeLogWriter,
+    standby: bool = False,
+    resume_from: LSN | None = None,
 ) -> SnapshotResult:
     """Create the slot and snapshot the published tables into the (empty) change log. On a
     standby the slot exports its snapshot as on a primary (PostgreSQL 16+), the workers
-    import it there, and the slot is not a failover slot (refused in recovery)."""
+    import it there, and the slot is not a failover slot (refused in recovery). It never
+    resumes (``claim_slot`` passes None): the copy is one transaction."""
+    if resume_from is not None:
+        raise SnapshotError("the receiver's initial snapshot cannot resume; take it again")
     if standby:
         _creating_on_standby(settings)
     result = take_snapshot(
@@ -787,9 +832,15 @@ def snapshot_in_executors(settings: Settings, spark: Any, stop: threading.Event)
 
     taken: list[SnapshotResult] = []
 
-    def take(s: Settings, writer: ChangeLogWriter, standby: bool) -> SnapshotResult:
+    def take(
+        s: Settings, writer: ChangeLogWriter, standby: bool, resume_from: LSN | None
+    ) -> SnapshotResult:
         if standby:
             _creating_on_standby(s)
+
+        def created_at(point: LSN) -> None:  # what a resume after a crash starts from
+            mark_snapshot_pending(s.changelog, s.slot, s.storage, point)
+
         try:
             result = land_initial_snapshot(
                 spark,
@@ -799,6 +850,8 @@ def snapshot_in_executors(settings: Settings, spark: Any, stop: threading.Event)
                 publications=s.publications,
                 failover=s.failover and not standby,
                 copy_format=s.snapshot_copy_format,
+                created_at=created_at,
+                resume_from=resume_from,
             )
         except PgcdcError:
             raise

@@ -61,6 +61,7 @@ __all__ = [
     "SNAPSHOT_PENDING_NAME",
     "STATE_NAME",
     "ConfirmGuard",
+    "PendingSnapshot",
     "ServerTimeline",
     "SlotOrigin",
     "clear_snapshot_pending",
@@ -160,20 +161,42 @@ def save_origin(log_root: str, origin: SlotOrigin, storage: StorageOptions | Non
     _replace(log_root, STATE_NAME, origin.to_json().encode(), storage)
 
 
-def mark_snapshot_pending(log_root: str, slot: str, storage: StorageOptions | None = None) -> None:
-    """Record, durably, that an initial snapshot is about to create ``slot``."""
-    _replace(log_root, SNAPSHOT_PENDING_NAME, json.dumps({"slot": slot}).encode(), storage)
+@dataclass(frozen=True)
+class PendingSnapshot:
+    """An initial snapshot under way: the slot it creates, and once created, its consistent
+    point (where its stream starts; a snapshot the executors land can resume from it)."""
+
+    slot: str
+    consistent_point: LSN | None = None
 
 
-def snapshot_pending(log_root: str, storage: StorageOptions | None = None) -> str | None:
-    """The slot an interrupted initial snapshot created (or was about to), else None."""
+def mark_snapshot_pending(
+    log_root: str,
+    slot: str,
+    storage: StorageOptions | None = None,
+    consistent_point: LSN | None = None,
+) -> None:
+    """Record, durably, that an initial snapshot is about to create ``slot`` (or has created
+    it, at ``consistent_point``)."""
+    record: dict[str, str] = {"slot": slot}
+    if consistent_point is not None:
+        record["consistent_point"] = str(LSN(consistent_point))
+    _replace(log_root, SNAPSHOT_PENDING_NAME, json.dumps(record).encode(), storage)
+
+
+def snapshot_pending(
+    log_root: str, storage: StorageOptions | None = None
+) -> PendingSnapshot | None:
+    """The initial snapshot a crash interrupted (its slot may exist), else None."""
     found = _read(log_root, SNAPSHOT_PENDING_NAME, storage)
     if found is None:
         return None
     path, text = found
     try:
-        return str(json.loads(text)["slot"])
-    except (ValueError, KeyError, TypeError) as error:
+        record = json.loads(text)
+        point = record.get("consistent_point")
+        return PendingSnapshot(str(record["slot"]), None if point is None else LSN.parse(point))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ChangeLogError(
             f"{path} is damaged ({type(error).__name__}: {error}); it only records that an "
             "initial snapshot was under way: delete it, drop the slot that snapshot created "

@@ -40,6 +40,12 @@ commit.
 Exactly once: every data commit carries the Delta application transaction (``app_id``,
 ``version``); a batch whose version the table already recorded is skipped. Schema commits
 before it are idempotent, so a crash between them and the data commit is harmless.
+
+A table whose initial snapshot the executors landed records it as application
+``<app_id>-snapshot``, version = the snapshot's consistent point. Changes committed before it
+are in that snapshot, so they are not applied again: after a crash the snapshot resumes with
+the tables not yet landed, copied at a later point than the stream starts from
+(``pgcdc.spark.snapshot``).
 """
 
 from __future__ import annotations
@@ -377,6 +383,10 @@ def _missing_value(spec: c.TableSpec, column: Column, delta_type: pa.DataType) -
         log.warning("%s", message)
         warnings.warn(message, StaleRowsWarning, stacklevel=3)
         return None
+
+
+# The Delta application id a snapshot commit records, after the pipeline's own.
+SNAPSHOT_APP_SUFFIX = "-snapshot"
 
 
 def _commit(app_id: str, version: int) -> CommitProperties:
@@ -938,10 +948,15 @@ def _write_table(
             "REPLICA IDENTITY FULL (or USING INDEX), or write only its changelog"
         )
     existing = _open(path, storage_options)
+    snapshot_at = None
     if existing is not None:
         done = existing.transaction_version(app_id)
         if done is not None and done >= version:
             return WriteResult(spec.qualified_name, kind, path, False, 0)
+        snapshot_at = existing.transaction_version(app_id + SNAPSHOT_APP_SUFFIX)
+    if rows and snapshot_at is not None:
+        prepared = _committed_from(prepared, snapshot_at)
+        rows = prepared()[1].num_rows
     if rows == 0:
         if existing is None:
             # The table exists, empty, once the sink was given it: readers find it, in its schema.
@@ -954,6 +969,18 @@ def _write_table(
     commit = _commit(app_id, version)
     _WRITERS[kind](path, dspec, batch, commit, storage_options, opened=existing)
     return WriteResult(spec.qualified_name, kind, path, True, batch.num_rows)
+
+
+def _committed_from(
+    prepared: Callable[[], tuple[c.TableSpec, pa.Table]], lsn: int
+) -> Callable[[], tuple[c.TableSpec, pa.Table]]:
+    """``prepared`` less the changes committed before ``lsn`` (a snapshot taken there holds
+    them)."""
+    dspec, batch = prepared()
+    if not len(batch) or pc.min(batch[c.COMMIT_LSN]).as_py() >= lsn:
+        return prepared
+    kept = batch.filter(pc.greater_equal(batch[c.COMMIT_LSN], pa.scalar(lsn, LSN_TYPE)))
+    return lambda: (dspec, kept)
 
 
 def _check_keyed(path: str, spec: c.TableSpec, table: DeltaTable) -> None:

@@ -35,9 +35,17 @@ from pgcdc.connection.server_errors import translated
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.errors import PgcdcError, SinkError, SnapshotError, portable
 from pgcdc.events import Table
+from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS
 from pgcdc.sinks import keys
-from pgcdc.sinks.delta import DeltaSink, ensure_table, initial_rows, prepare, table_schema
+from pgcdc.sinks.delta import (
+    SNAPSHOT_APP_SUFFIX,
+    DeltaSink,
+    ensure_table,
+    initial_rows,
+    prepare,
+    table_schema,
+)
 from pgcdc.sinks.kinds import SinkKind
 from pgcdc.sinks.staged import commit, stage
 from pgcdc.snapshot import (
@@ -66,8 +74,6 @@ MIN_CHUNK_PAGES = 128
 # The most tuples a heap page of 8 kB holds (PostgreSQL's MaxHeapTuplesPerPage): a chunk of
 # n pages holds at most n times as many rows, which numbers the chunks' rows apart.
 MAX_TUPLES_PER_PAGE = 291
-# The Delta application id a snapshot commit records, after the pipeline's own.
-SNAPSHOT_APP_SUFFIX = "-snapshot"
 
 
 @dataclass(frozen=True)
@@ -236,23 +242,61 @@ def _tasks(chunks: Sequence[Chunk], pages_per_chunk: int) -> list[_Task]:
     return tasks
 
 
-def _run_tasks(spark: Any, job: _CopyJob, tasks: Sequence[_Task]) -> list[_Copied]:
-    """One Spark task per chunk; only their small results come back."""
-    if not tasks:
-        return []
+def _jobs(tasks: Sequence[_Task], slots: int) -> list[list[_Task]]:
+    """The tasks as Spark jobs that each land whole tables, smallest tables first: a table is
+    committed as soon as its job ends, so a crash loses only the tables of the job under way.
+    Small tables share a job, so that it has several tasks per slot (a job's last tasks
+    leave slots idle)."""
+    by_table: dict[str, list[_Task]] = defaultdict(list)
+    for task in tasks:
+        by_table[task.chunk.table.table.qualified_name].append(task)
+    enough = slots * CHUNKS_PER_SLOT
+    jobs: list[list[_Task]] = []
+    current: list[_Task] = []
+    for own in sorted(by_table.values(), key=lambda own: sum(chunk_pages(t.chunk) for t in own)):
+        if len(own) >= enough and current:  # a table with tasks enough: a job of its own
+            jobs.append(current)
+            current = []
+        current += own
+        if len(current) >= enough:
+            jobs.append(current)
+            current = []
+    if current:
+        jobs.append(current)
+    # Biggest chunks first within a job: the last tasks to start are the short ones.
+    return [sorted(j, key=lambda t: chunk_pages(t.chunk), reverse=True) for j in jobs]
+
+
+def _run_tasks(
+    spark: Any,
+    job: _CopyJob,
+    jobs: Sequence[Sequence[_Task]],
+    landed: Callable[[list[_Copied]], None],
+) -> list[_Copied]:
+    """One Spark task per chunk, one Spark job per group of tables; only their small results
+    come back, and ``landed`` gets each job's as it ends. A task's pgcdc error is raised."""
     context = spark.sparkContext
     group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
     context.setJobGroup(group, "pgcdc initial snapshot", interruptOnCancel=True)
     done = threading.Event()
+    total = sum(len(tasks) for tasks in jobs)
     reporter = threading.Thread(
-        target=_report(spark, group, len(tasks), time.monotonic(), done),
+        target=_report(spark, group, total, time.monotonic(), done),
         name="pgcdc-snapshot-progress",
         daemon=True,
     )
     reporter.start()
+    copied: list[_Copied] = []
     try:
-        rdd = context.parallelize(list(tasks), len(tasks))
-        copied: list[_Copied] = rdd.map(functools.partial(copy_task, job)).collect()
+        for tasks in jobs:
+            rdd = context.parallelize(list(tasks), len(tasks))
+            results: list[_Copied] = rdd.map(functools.partial(copy_task, job)).collect()
+            for result in results:
+                if result.error is not None:
+                    rebuild, args = result.error
+                    raise rebuild(*args)
+            landed(results)
+            copied += results
         return copied
     finally:
         done.set()
@@ -270,11 +314,29 @@ def land_initial_snapshot(
     copy_format: str = "auto",
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
     pages_per_chunk: int | None = None,
+    created_at: Callable[[LSN], None] | None = None,
+    resume_from: LSN | None = None,
 ) -> SnapshotResult:
     """Create ``slot`` and land every row it will not stream in the pipeline's Delta tables,
-    copied by Spark tasks, each table in one commit. On failure the slot is dropped again."""
+    copied by Spark tasks, each table in one commit recording the snapshot's consistent
+    point (``created_at`` learns it first). A failure before any table landed drops the slot
+    again; after, the slot is kept for a resume.
+
+    ``resume_from``: the consistent point of ``slot``, which exists and has streamed nothing.
+    Tables that landed at or after it stay; the others are copied at a new consistent point
+    (a temporary slot's), and the sinks skip their changes committed before it, which the new
+    copy holds. The stream then starts from ``resume_from``."""
     started = time.monotonic()
-    with exported_slot(conninfo, slot, failover=failover) as created:
+    committed: list[str] = []
+    if resume_from is None:
+        exporting = exported_slot(
+            conninfo, slot, failover=failover, keep_on_failure=lambda: bool(committed)
+        )
+    else:
+        exporting = exported_slot(conninfo, f"pgcdc_resume_{uuid.uuid4().hex[:16]}", temporary=True)
+    with exporting as created:
+        if resume_from is None and created_at is not None:
+            created_at(created.consistent_point)
         snapshot_name = created.snapshot_name or ""
         settings = None if session_settings is None else dict(session_settings)
         plan = plan_snapshot(
@@ -297,51 +359,67 @@ def land_initial_snapshot(
         )
         sink = make_sink(config)
         replaces: dict[tuple[str, SinkKind], bool] = {}
+        todo: list[SnapshotTable] = []
         whole: list[SnapshotTable] = []
         for spec in plan.tables:
-            targets, counts_copies = _targets(job, sink, spec.table, config, replaces)
+            targets, counts_copies = _targets(
+                job, sink, spec.table, config, replaces, resume_from=resume_from
+            )
+            if not targets:
+                continue  # landed by an earlier attempt
             job.targets[spec.table.qualified_name] = targets
+            todo.append(spec)
             if counts_copies:
                 whole.append(spec)
         slots = spark.sparkContext.defaultParallelism
-        pages = pages_per_chunk or _pages_per_chunk(plan.tables, slots)
-        split = [s for s in plan.tables if s not in whole]
+        pages = pages_per_chunk or _pages_per_chunk(todo, slots)
+        split = [s for s in todo if s not in whole]
         # Keyless REPLICA IDENTITY FULL tables number identical rows: one task sees them all.
         chunks = plan_chunks(split, pages) + [Chunk(s) for s in whole]
+        if resume_from is not None:
+            log.info(
+                "initial snapshot resumed: %d of %d tables landed already; the other %d at %s",
+                len(plan.tables) - len(todo),
+                len(plan.tables),
+                len(todo),
+                created.consistent_point,
+            )
+        jobs = _jobs(_tasks(chunks, pages), slots)
         log.info(
-            "initial snapshot: %d tables in %d chunks, copied by Spark tasks",
-            len(plan.tables),
+            "initial snapshot: %d tables in %d chunks, copied by Spark tasks in %d jobs",
+            len(todo),
             len(chunks),
+            len(jobs),
         )
-        copied = _run_tasks(spark, job, _tasks(chunks, pages))
-        for result in copied:
-            if result.error is not None:
-                rebuild, args = result.error
-                raise rebuild(*args)
-        adds: dict[tuple[str, SinkKind], list[dict[str, Any]]] = defaultdict(list)
-        for result in copied:
-            for kind, staged in result.adds.items():
-                adds[(result.table, kind)] += staged
         app_id = config.app_id + SNAPSHOT_APP_SUFFIX
-        for name, targets in job.targets.items():
-            for target in targets:
-                commit(
-                    target.path,
-                    adds[(name, target.kind)],
-                    replace=replaces[(name, target.kind)],
-                    app_id=app_id,
-                    version=job.consistent_point,
-                    storage=config.storage,
-                )
+
+        def land(results: list[_Copied]) -> None:
+            adds: dict[tuple[str, SinkKind], list[dict[str, Any]]] = defaultdict(list)
+            for result in results:
+                for kind, staged in result.adds.items():
+                    adds[(result.table, kind)] += staged
+            for name in dict.fromkeys(r.table for r in results):
+                for target in job.targets[name]:
+                    commit(
+                        target.path,
+                        adds[(name, target.kind)],
+                        replace=replaces[(name, target.kind)],
+                        app_id=app_id,
+                        version=job.consistent_point,
+                        storage=config.storage,
+                    )
+                committed.append(name)
+
+        copied = _run_tasks(spark, job, jobs, land)
     rows = sum(r.rows for r in copied)
     log.info(
         "initial snapshot: %d rows of %d tables landed in %.1f s",
         rows,
-        len(plan.tables),
+        len(todo),
         time.monotonic() - started,
     )
     return SnapshotResult(
-        consistent_point=created.consistent_point,
+        consistent_point=created.consistent_point if resume_from is None else resume_from,
         tables=tuple(s.table for s in plan.tables),
         rows=rows,
         bytes=sum(r.bytes for r in copied),
@@ -355,9 +433,12 @@ def _targets(
     table: Table,
     config: PipelineConfig,
     replaces: dict[tuple[str, SinkKind], bool],
+    *,
+    resume_from: LSN | None = None,
 ) -> tuple[tuple[_Target, ...], bool]:
     """The Delta tables ``table`` lands in, created for its typed columns (typed as the tasks
-    will type its rows), and whether its rows are numbered copies (``keys.counts_copies``)."""
+    will type its rows), and whether its rows are numbered copies (``keys.counts_copies``).
+    Resuming, those an earlier attempt landed (at or after ``resume_from``) are left out."""
     empty = _changes(job, table, pa.array([], pa.binary()))
     spec = spec_for(table, empty.schema)
     dspec, _ = prepare(spec, empty)
@@ -366,6 +447,9 @@ def _targets(
     for kind in sink.kinds_for(spec):
         path = sink.checked_path(spec, kind)
         delta = ensure_table(path, kind, dspec, so)
+        landed_at = delta.transaction_version(config.app_id + SNAPSHOT_APP_SUFFIX)
+        if resume_from is not None and landed_at is not None and landed_at >= resume_from:
+            continue
         replaces[(table.qualified_name, kind)] = _replaces(delta, path, config.app_id)
         targets.append(_Target(kind, path, table_schema(delta)))
     return tuple(targets), keys.counts_copies(spec)

@@ -1,0 +1,172 @@
+"""SIGKILL of ``pgcdc pipeline run`` while Spark tasks land the initial snapshot, after one
+table landed and before the other did, with changes to both before the restart: the restart
+resumes from the slot the snapshot created. The landed table is not copied again (its
+snapshot commit stays at the slot's consistent point) and streams every change from there; the
+other is copied at a new point, and the changes committed before it (which that copy holds)
+are not applied again. Mirrors equal the source, and the lake's changelog replays to it with
+every change once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from pgcdc import pipeline
+from pgcdc.localpg import wait_until
+from pgcdc.lsn import LSN
+from pgcdc.sinks import read_table
+from pgcdc.sinks.delta import SNAPSHOT_APP_SUFFIX
+from tests.cli.helpers import CLI
+from tests.conftest import Database
+from tests.faults import test_reconnect as faults
+
+ITEMS_ROWS = 400_000
+SLOT = "resumed"
+
+
+def _config(db: Database, tmp_path: Path) -> Path:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        f"""
+[source]
+conninfo = "{db.conninfo()}"
+slot = "{SLOT}"
+publications = ["cdc"]
+snapshot_in = "executors"
+
+[paths]
+changelog = "{tmp_path / "log"}"
+lake = "{tmp_path / "lake"}"
+checkpoint = "{tmp_path / "checkpoint"}"
+
+[tables]
+kinds = ["changelog", "mirror", "history"]
+
+[spark]
+master = "local[1]"
+"""
+    )
+    return config
+
+
+def _snapshot_at(lake: Path, table: str, app_id: str) -> int | None:
+    """The consistent point the table's snapshot commit recorded, None before it."""
+    path = lake / "public" / table / "mirror"
+    if not (path / "_delta_log").exists():
+        return None
+    return DeltaTable(str(path)).transaction_version(app_id + SNAPSHOT_APP_SUFFIX)
+
+
+def _run(config: Path) -> subprocess.CompletedProcess[str]:
+    """``pgcdc pipeline run --once`` as users run it; its output in ``stdout``."""
+    return subprocess.run(
+        [*CLI, "pipeline", "run", "--verbose", "--config", str(config), "--once"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=480,
+        check=False,
+    )
+
+
+def _small_rows(db: Database) -> dict[int, str]:
+    return dict(db.execute("SELECT id, note FROM small"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_a_killed_snapshot_resumes_without_copying_landed_tables_again(
+    db: Database, tmp_path: Path
+) -> None:
+    db.execute(faults.ITEMS)
+    # Negative ids for the snapshot's rows: the workload's inserts are positive.
+    db.execute(
+        "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",
+        (ITEMS_ROWS,),
+    )
+    db.execute("CREATE TABLE small (id int PRIMARY KEY, note text)")
+    db.execute("INSERT INTO small SELECT g, 'before' FROM generate_series(1, 100) g")
+    db.execute("CREATE PUBLICATION cdc FOR TABLE items, small")
+    db.execute("VACUUM ANALYZE items, small")  # pages planned: items is split, small is not
+    config = _config(db, tmp_path)
+    app_id = pipeline.load(config, {}).pipeline().app_id
+    lake = tmp_path / "lake"
+    output = tmp_path / "run.log"
+    with output.open("ab") as sink:
+        child = subprocess.Popen(
+            [*CLI, "pipeline", "run", "--verbose", "--config", str(config), "--once"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        # The small table's job ends first (smallest tables first); items is still copying.
+        wait_until(
+            lambda: _snapshot_at(lake, "small", app_id) is not None or child.poll() is not None,
+            timeout=300,
+            interval=0.05,
+        )
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    log = output.read_text(errors="replace")
+    first_point = _snapshot_at(lake, "small", app_id)
+    assert first_point is not None, log[-3000:]
+    assert _snapshot_at(lake, "items", app_id) is None, "items landed before the kill"
+    pending = json.loads((tmp_path / "log" / "pgcdc-snapshot-pending.json").read_text())
+    assert LSN.parse(pending["consistent_point"]) == first_point
+
+    # Changes to both tables while nothing runs: the landed table streams them from its
+    # snapshot's point; the other's new copy holds them.
+    wait_until(
+        lambda: (
+            db.scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
+            is None
+        ),
+        timeout=120,
+    )
+    db.execute("UPDATE small SET note = 'during' WHERE id % 3 = 0")
+    db.execute("DELETE FROM small WHERE id % 10 = 1")
+    db.execute("INSERT INTO small VALUES (1000, 'new')")
+    with faults.Workload(db.conninfo(), recent=700, pause=0.01) as workload:
+        workload.wait_for(30)
+        # The restart copies items while the workload goes on.
+        restarted = _run(config)
+        assert restarted.returncode == 0, restarted.stdout[-3000:]
+        assert "resuming it from slot" in restarted.stdout, restarted.stdout[-3000:]
+        assert "1 of 2 tables landed already" in restarted.stdout, restarted.stdout[-3000:]
+        # And the stream goes on.
+        workload.wait_for(workload.transactions + 20)
+    finished = _run(config)
+    assert finished.returncode == 0, finished.stdout[-3000:]
+
+    # small was not copied again; items was copied at a later point.
+    assert _snapshot_at(lake, "small", app_id) == first_point
+    items_point = _snapshot_at(lake, "items", app_id)
+    assert items_point is not None and items_point > first_point
+
+    assert faults._mirror(lake) == faults._source_rows(db.conninfo())
+    changelog = read_table(lake / "public" / "items" / "changelog")
+    replayed = faults.replay_lake_changelog(changelog.to_pylist(), ITEMS_ROWS)
+    assert replayed == faults._source_rows(db.conninfo())
+
+    mirror = read_table(lake / "public" / "small" / "mirror").select(["id", "note"]).to_pylist()
+    assert {r["id"]: r["note"] for r in mirror} == _small_rows(db)
+    # small's changelog: its 100 snapshot rows at the first point, then the changes made
+    # while nothing ran, each once.
+    small_log = read_table(lake / "public" / "small" / "changelog").to_pylist()
+    ops = sorted(
+        (r["_op"], r["id"] if r["_op"] != "delete" else r["_old"]["id"]) for r in small_log
+    )
+    updated, deleted = len(range(3, 101, 3)), len(range(1, 101, 10))
+    assert len(ops) == len(set(ops)) == 100 + updated + deleted + 1, ops[:10]
+    assert {r["_commit_lsn"] for r in small_log if r["_op"] == "insert" and r["id"] <= 100} == {
+        first_point - 1
+    }
