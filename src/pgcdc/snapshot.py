@@ -962,11 +962,8 @@ def recopy_tables(
     if isinstance(tables, str) or isinstance(publications, str):
         raise InvalidOption("tables and publications are sequences of names, not one string")
     _check_copy_format(copy_format)
-    exporter = ReplicationConnection.connect(conninfo, application_name=APPLICATION_NAME)
-    try:
-        created = exporter.create_replication_slot(
-            f"pgcdc_recopy_{uuid.uuid4().hex[:16]}", "pgoutput", temporary=True, snapshot="export"
-        )
+    temporary_slot = f"pgcdc_recopy_{uuid.uuid4().hex[:16]}"
+    with exported_slot(conninfo, temporary_slot, temporary=True) as created:
         # The exporting connection stays open and idle (the snapshot lives while it does)
         # while the caller's slot is drained on another connection.
         if not drain_to(created.consistent_point):
@@ -985,5 +982,3 @@ def recopy_tables(
             truncate=True,
             on_progress=on_progress,
         )
-    finally:
-        exporter.close()
