@@ -724,8 +724,12 @@ class Receiver:
         message_done = policy.message_done
         read_many = stream.read_many
         clock = time.monotonic
-        # pgoutput's decoder is called directly (one event per message); others go via _xlog.
-        decode_one = decoder.decode_one if type(decoder) is PgOutputDecoder else None
+        # pgoutput's decoder is called directly (one event per message, ``decode_one`` inlined:
+        # its handler by message type); others go via _xlog.
+        pgoutput = decoder if type(decoder) is PgOutputDecoder else None
+        handlers: Mapping[int, Callable[[bytes, LSN], Event]] = (
+            pgoutput.handlers if pgoutput is not None else {}
+        )
         feed = assembler.feed
         store = self._store
         # Row changes whose message starts like the one before it (same kind, table, tuple
@@ -760,7 +764,7 @@ class Receiver:
             # looked at between batches.
             for message in read_many(wait, BURST_MESSAGES):
                 if type(message) is XLogData:
-                    if decode_one is None:
+                    if pgoutput is None:
                         if self._xlog(message, decoder, assembler):
                             return "end_lsn"
                         continue
@@ -804,7 +808,13 @@ class Receiver:
                         if completed:
                             for txn in completed:
                                 store(txn)
-                    event = decode_one(payload, lsn)
+                    try:
+                        event = handlers[payload[0]](payload, lsn)
+                    except Exception as exc:
+                        error = pgoutput.error_for(exc, payload, lsn)
+                        if error is exc:
+                            raise
+                        raise error from None
                     if (
                         type(event) in run_starts
                         and event.xid is None  # type: ignore[union-attr]
