@@ -815,26 +815,28 @@ class Receiver:
                         if error is exc:
                             raise
                         raise error from None
+                    kind = type(event)
                     if (
-                        type(event) in run_starts
+                        kind in run_starts
                         and event.xid is None  # type: ignore[union-attr]
-                        and (type(event) is not Update or event.old is None)
+                        and (kind is not Update or event.old is None)  # type: ignore[union-attr]
                     ):
                         run_first = event  # type: ignore[assignment]
                         run_source = payload
                         if lsn >= watch_from and message_done(lsn) is not None:
                             return "end_lsn"
                         continue
-                    if type(event) is Type:  # rare: complete it from pg_type
-                        *rests_on, event = self._types.describe(event)
-                        for described in rests_on:
-                            for txn in feed(described, 0):
-                                store(txn)
-                    elif type(event) is Relation:  # rare: add pg_attribute's defaults
-                        table = self._types.describe_relation(event.table)
-                        if table is not event.table:
-                            decoder.annotate_relation(table)  # type: ignore[attr-defined]
-                            event = replace(event, table=table)
+                    if kind is Type or kind is Relation:  # rare
+                        if type(event) is Type:  # complete it from pg_type
+                            *rests_on, event = self._types.describe(event)
+                            for described in rests_on:
+                                for txn in feed(described, 0):
+                                    store(txn)
+                        elif type(event) is Relation:  # add pg_attribute's defaults
+                            table = self._types.describe_relation(event.table)
+                            if table is not event.table:
+                                decoder.annotate_relation(table)  # type: ignore[attr-defined]
+                                event = replace(event, table=table)
                     completed = feed(event, size)
                     if completed:
                         for txn in completed:
