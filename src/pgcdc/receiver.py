@@ -724,8 +724,12 @@ class Receiver:
         message_done = policy.message_done
         read_many = stream.read_many
         clock = time.monotonic
-        # pgoutput's decoder is called directly (one event per message); others go via _xlog.
-        decode_one = decoder.decode_one if type(decoder) is PgOutputDecoder else None
+        # pgoutput's decoder is called directly (one event per message, ``decode_one`` inlined:
+        # its handler by message type); others go via _xlog.
+        pgoutput = decoder if type(decoder) is PgOutputDecoder else None
+        handlers: Mapping[int, Callable[[bytes, LSN], Event]] = (
+            pgoutput.handlers if pgoutput is not None else {}
+        )
         feed = assembler.feed
         store = self._store
         # Row changes whose message starts like the one before it (same kind, table, tuple
@@ -735,15 +739,14 @@ class Receiver:
         # The event types that may start a run: none when the sink takes no runs.
         run_starts: frozenset[type] = _RUN_STARTS if runs else frozenset()
         run_first: Insert | Update | Delete | None = None
-        run_kind = 0  # the message type of the run's first change
-        # The low byte of its relation OID (payload[4]): with the type, a test that turns away
-        # most messages of other tables before the prefix is compared.
-        run_oid = 0
-        # The run's first message; the prefix the others must share is taken from it when a
-        # message of the same type follows (most runs end at once, on a Commit).
+        # The run's first message. Its type and the low byte of its relation OID (bytes 0
+        # and 4) turn away most other messages before the prefix the others must share is
+        # taken from it, when a second change joins (most runs end at once, on a Commit or
+        # another table's change); starting a run sets nothing else.
         run_source = b""
         run_prefix = b""
-        # A run's rows after its first change: fresh lists once a second change joins.
+        # A run's rows after its first change: fresh lists once a second change joins, and
+        # with them the run's LSNs and payload bytes.
         run_lsns: list[LSN] = _NO_LSNS
         run_rows: list[bytes] = _NO_ROWS
         run_size = 0
@@ -761,7 +764,7 @@ class Receiver:
             # looked at between batches.
             for message in read_many(wait, BURST_MESSAGES):
                 if type(message) is XLogData:
-                    if decode_one is None:
+                    if pgoutput is None:
                         if self._xlog(message, decoder, assembler):
                             return "end_lsn"
                         continue
@@ -778,9 +781,10 @@ class Receiver:
                     if run_first is not None:
                         # Only a message of the run's type can join it; any other (often the
                         # Commit after a transaction's one change) ends it unread.
-                        if size > 4 and payload[0] == run_kind and payload[4] == run_oid:
-                            if not run_prefix:
+                        if size > 4 and payload[0] == run_source[0] and payload[4] == run_source[4]:
+                            if not run_rows:
                                 run_prefix = run_source[: _RUN_ROW_START + 2]
+                                run_size = len(run_source)
                             if (
                                 payload.startswith(run_prefix)
                                 and run_size < RUN_MAX_BYTES
@@ -795,35 +799,44 @@ class Receiver:
                                 if lsn >= watch_from and message_done(lsn) is not None:
                                     return "end_lsn"
                                 continue
-                        run = RowRun(run_first, run_lsns, run_rows) if run_rows else run_first
+                        if run_rows:
+                            completed = feed(RowRun(run_first, run_lsns, run_rows), run_size)
+                            run_rows = _NO_ROWS
+                        else:
+                            completed = feed(run_first, len(run_source))
                         run_first = None
-                        for txn in feed(run, run_size):
-                            store(txn)
-                    event = decode_one(payload, lsn)
+                        if completed:
+                            for txn in completed:
+                                store(txn)
+                    try:
+                        event = handlers[payload[0]](payload, lsn)
+                    except Exception as exc:
+                        error = pgoutput.error_for(exc, payload, lsn)
+                        if error is exc:
+                            raise
+                        raise error from None
+                    kind = type(event)
                     if (
-                        type(event) in run_starts
+                        kind in run_starts
                         and event.xid is None  # type: ignore[union-attr]
-                        and (type(event) is not Update or event.old is None)
+                        and (kind is not Update or event.old is None)  # type: ignore[union-attr]
                     ):
                         run_first = event  # type: ignore[assignment]
-                        run_kind = payload[0]
-                        run_oid = payload[4]
                         run_source = payload
-                        run_prefix = b""
-                        run_lsns, run_rows, run_size = _NO_LSNS, _NO_ROWS, size
                         if lsn >= watch_from and message_done(lsn) is not None:
                             return "end_lsn"
                         continue
-                    if type(event) is Type:  # rare: complete it from pg_type
-                        *rests_on, event = self._types.describe(event)
-                        for described in rests_on:
-                            for txn in feed(described, 0):
-                                store(txn)
-                    elif type(event) is Relation:  # rare: add pg_attribute's defaults
-                        table = self._types.describe_relation(event.table)
-                        if table is not event.table:
-                            decoder.annotate_relation(table)  # type: ignore[attr-defined]
-                            event = replace(event, table=table)
+                    if kind is Type or kind is Relation:  # rare
+                        if type(event) is Type:  # complete it from pg_type
+                            *rests_on, event = self._types.describe(event)
+                            for described in rests_on:
+                                for txn in feed(described, 0):
+                                    store(txn)
+                        elif type(event) is Relation:  # add pg_attribute's defaults
+                            table = self._types.describe_relation(event.table)
+                            if table is not event.table:
+                                decoder.annotate_relation(table)  # type: ignore[attr-defined]
+                                event = replace(event, table=table)
                     completed = feed(event, size)
                     if completed:
                         for txn in completed:

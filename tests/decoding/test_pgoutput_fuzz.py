@@ -1,9 +1,13 @@
 """Property tests: mutated or truncated real pgoutput payloads decode to events or raise
-``DecodeError``, never any other exception, and never corrupt the state for what follows."""
+``DecodeError``, never any other exception, and never corrupt the state for what follows; the
+receiver's inlined ``decode_one`` decodes and fails exactly as ``decode_one``."""
 
 from __future__ import annotations
 
 import json
+import pickle
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -111,3 +115,44 @@ def test_truncated_payloads_raise_decode_error(
 @given(payload=st.binary(max_size=64), proto=st.integers(1, 4))
 def test_random_bytes_raise_only_decode_error(payload: bytes, proto: int) -> None:
     decode_or_decode_error(proto, CASES[-1][1], payload)
+
+
+def _inlined(decoder: PgOutputDecoder, payload: bytes) -> Event:
+    """``decode_one`` as the receiver's loop inlines it: the handler by message type, and on
+    an exception what ``error_for`` says."""
+    try:
+        return decoder.handlers[payload[0]](payload, AT)
+    except Exception as exc:
+        error = decoder.error_for(exc, payload, AT)
+        if error is exc:
+            raise
+        raise error from None
+
+
+def _outcome(decode: Callable[[PgOutputDecoder], Event], proto: int, state: DecoderState) -> Any:
+    streaming: Streaming | None = "parallel" if proto == 4 else None
+    decoder = PgOutputDecoder(state.copy(), proto_version=proto, streaming=streaming)
+    try:
+        event = decode(decoder)
+    except Exception as exc:
+        return type(exc), str(exc), exc.__suppress_context__
+    return pickle.dumps(event), pickle.dumps(decoder.state)
+
+
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=st.sampled_from(CASES),
+    steps=st.lists(mutation, max_size=4),
+    payload=st.binary(max_size=8),
+    random=st.booleans(),
+)
+def test_the_inlined_decode_one_decodes_and_fails_as_decode_one(
+    case: tuple[int, DecoderState, bytes],
+    steps: list[tuple[str, int, int]],
+    payload: bytes,
+    random: bool,
+) -> None:
+    proto, state, captured = case
+    data = payload if random else mutate(captured, steps)
+    reference = _outcome(lambda decoder: decoder.decode_one(data, AT), proto, state)
+    assert _outcome(lambda decoder: _inlined(decoder, data), proto, state) == reference

@@ -388,8 +388,7 @@ class BatchBuilder:
             and txn.origin_lsn is None
             and txn.gid is None
             and txn.outcome is _COMMIT
-            and 0 <= commit_lsn < _U64
-            and 0 <= end_lsn < _U64
+            # LSNs are range-checked when made (as in _add_changes).
             and (xid is None or 0 <= xid < _U64)
             and 0 <= size < _U64
         ):
@@ -563,15 +562,17 @@ class BatchBuilder:
         Unloggable input raises; the events before the failing one may have been added (a
         writer drops the whole transaction then)."""
         end = min(len(events), start + _MAX_RUN)
-        if end - start == 1:
-            # One event (a small transaction's only or last one): no stretch to walk.
+        size = 0
+        position = start
+        if end - start <= _FEW_EVENTS:
+            # A few events (a small transaction's, or the last of a larger one): their row
+            # changes in one stretch, without the look at kinds below.
             size, position, seq = self._add_changes(txn, events, start, end, seq, room=room)
-            if position == end:
-                return size, end, seq
+            if position == end or (size >= room and position > start):
+                return size, position, seq
         elif (
-            end - start > 1
-            and seq + end - start <= _U32
-            # Different first and last types (a small OLTP transaction's mix): not one kind.
+            seq + end - start <= _U32
+            # Different first and last types (a transaction's mix of kinds): not one kind.
             and type(events[start]) is type(events[end - 1])
         ):
             run = events if start == 0 and end == len(events) else events[start:end]
@@ -581,8 +582,6 @@ class BatchBuilder:
                 if added is not None:
                     size, taken = added
                     return size, start + taken, seq + taken
-        size = 0
-        position = start
         while position < end:
             stretch, position, seq = self._add_changes(
                 txn, events, position, end, seq, room=room - size
@@ -936,6 +935,8 @@ _SEQ = array("I", range(1 << 16))
 _DEFINITIONS = frozenset((Relation, Type))
 # Events ``add_run`` takes in one go at most.
 _MAX_RUN = 1024
+# Up to this many events, ``add_run`` tries one stretch of row changes before anything else.
+_FEW_EVENTS = 8
 # RowRuns up to this many rows (after the first change) are appended row by row.
 _FEW_RUN_ROWS = 8
 

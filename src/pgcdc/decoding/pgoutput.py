@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -279,21 +279,36 @@ class PgOutputDecoder:
         if type(payload) is not bytes:
             payload = bytes(payload)
         try:
-            handler = self._dispatch[payload[0]]
-        except IndexError:
-            raise DecodeError(f"empty pgoutput message at LSN {lsn}") from None
-        except KeyError:
-            raise self._unknown_type(payload, lsn) from None
-        try:
-            return handler(payload, lsn)
-        except (struct.error, IndexError) as exc:
-            raise self._malformed(payload, lsn, f"truncated ({exc})") from None
-        except (UnicodeDecodeError, OverflowError) as exc:
-            raise self._malformed(payload, lsn, str(exc)) from None
-        except UnknownRelation:
-            raise
-        except DecodeError as exc:
-            raise self._malformed(payload, lsn, str(exc)) from None
+            return self._dispatch[payload[0]](payload, lsn)
+        except Exception as exc:
+            error = self.error_for(exc, payload, lsn)
+            if error is exc:
+                raise
+            raise error from None
+
+    @property
+    def handlers(self) -> Mapping[int, Callable[[bytes, LSN], Event]]:
+        """``decode_one``'s handler of each message type (the payload's first byte), for a
+        caller that inlines ``decode_one`` for ``bytes``: an exception ``exc`` from the lookup
+        or the handler is then raised as ``error_for`` says, ``from None`` unless it is
+        ``exc`` itself."""
+        return self._dispatch
+
+    def error_for(self, exc: Exception, payload: bytes, lsn: LSN) -> Exception:
+        """What ``decode_one`` raises when looking up ``payload``'s handler, or running it,
+        raised ``exc``: a ``DecodeError`` that says where and why, or ``exc`` itself (an
+        ``UnknownRelation``, or an error that is not about the payload)."""
+        if not payload:
+            return DecodeError(f"empty pgoutput message at LSN {lsn}")
+        if payload[0] not in self._dispatch:
+            return self._unknown_type(payload, lsn)
+        if isinstance(exc, struct.error | IndexError):
+            return self._malformed(payload, lsn, f"truncated ({exc})")
+        if isinstance(exc, UnicodeDecodeError | OverflowError):
+            return self._malformed(payload, lsn, str(exc))
+        if isinstance(exc, DecodeError) and not isinstance(exc, UnknownRelation):
+            return self._malformed(payload, lsn, str(exc))
+        return exc
 
     # --- errors ------------------------------------------------------------------------------
 
