@@ -388,7 +388,8 @@ class BatchBuilder:
             and txn.origin_lsn is None
             and txn.gid is None
             and txn.outcome is _COMMIT
-            # LSNs are range-checked when made (as in _add_changes).
+            and 0 <= commit_lsn < _U64
+            and 0 <= end_lsn < _U64
             and (xid is None or 0 <= xid < _U64)
             and 0 <= size < _U64
         ):
