@@ -258,24 +258,8 @@ class TransactionAssembler:
             if txn is not None:
                 if size is None or txn.spill is not None or txn.discarding:
                     self._add(txn, event, size, content=True)
-                    return []
-                # _hold(txn, event, event.xid, 1, size), inlined.
-                xid = event.xid  # type: ignore[union-attr]
-                entry = txn.counts.get(xid)
-                if entry is None:
-                    txn.counts[xid] = [1, size]
                 else:
-                    entry[0] += 1
-                    entry[1] += size
-                txn.size += size
-                txn.events.append(event)
-                txn.sizes.append(size)
-                txn.memory += size
-                self._memory += size
-                if (self._txn_limit and txn.memory > self._txn_limit) or (
-                    self._total_limit and self._memory > self._total_limit
-                ):
-                    self._enforce_limits(txn)
+                    self._hold(txn, event, event.xid, 1, size)  # type: ignore[union-attr]
                 return []
         kind = type(event)
         if kind is Commit:
