@@ -198,12 +198,12 @@ def insert_changes(
         )
     logged = pa.RecordBatch.from_pydict(
         {
-            "kind": pa.array([c.INSERT] * count, pa.string()),
+            "kind": pa.repeat(pa.scalar(c.INSERT, pa.string()), count),
             "commit_lsn": pa.array(np.full(count, commit_lsn, np.uint64)),
             "seq": pa.array(np.arange(first_seq, first_seq + count, dtype=np.uint32)),
             "lsn": pa.array(np.full(count, lsn, np.uint64)),
             "xid": pa.nulls(count, pa.int64()),
-            "commit_time": pa.array([commit_time] * count, c.COMMIT_TIME_TYPE),
+            "commit_time": pa.repeat(pa.scalar(commit_time, c.COMMIT_TIME_TYPE), count),
             "origin": pa.nulls(count, pa.string()),
             "new": rows,
             "old": pa.nulls(count, pa.binary()),
