@@ -193,11 +193,11 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
         )
     changes = _changes(job, table, typed, task.first_seq)
     dspec, prepared = prepare(spec_for(table, changes.schema), changes)
+    targets = job.targets[table.qualified_name]
+    built = initial_rows([target.kind for target in targets], dspec, prepared)
     adds = {
-        target.kind: stage(
-            target.path, initial_rows(target.kind, dspec, prepared), target.schema, job.storage
-        )
-        for target in job.targets[table.qualified_name]
+        target.kind: stage(target.path, built[target.kind], target.schema, job.storage)
+        for target in targets
     }
     return _Copied(table.qualified_name, typed.num_rows, read, adds)
 
