@@ -351,7 +351,9 @@ def test_initial_rows_are_what_the_folds_build(shape: str, items: list[Any]) -> 
     src = Source(spec)
     seen = set()
     for index, (ident, name, qty) in enumerate(items):
-        row = {"id": ident if shape == "keyless full" else index, "name": name, "qty": qty}
+        # Keys in and out of order (distinct: the index, signed by qty).
+        distinct = index if qty else -index
+        row = {"id": ident if shape == "keyless full" else distinct, "name": name, "qty": qty}
         if shape == "composite key" and (name, row["id"]) in seen:
             continue
         seen.add((name, row["id"]))

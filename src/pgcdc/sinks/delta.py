@@ -899,7 +899,11 @@ def _distinct_inserts(dspec: c.TableSpec, changes: pa.Table) -> bool:
         return False
     keys = list(k.identity_columns(dspec))
     if len(keys) == 1:
-        distinct = pc.count_distinct(changes.column(keys[0]), mode="all").as_py()
+        key = changes.column(keys[0]).combine_chunks()
+        ascending = pc.less(key.slice(0, len(key) - 1), key.slice(1))
+        if pc.all(ascending, skip_nulls=False).as_py():
+            return True  # ascending, as a table filled in key order is copied: no hashing
+        distinct = pc.count_distinct(key, mode="all").as_py()
     else:
         distinct = changes.select(keys).group_by(keys, use_threads=False).aggregate([]).num_rows
     return bool(distinct == changes.num_rows)
