@@ -485,14 +485,20 @@ def copy_out(
             get_copy_data = pgconn.get_copy_data
             received = bytearray()
             ends: list[int] = []
+            append = ends.append
+            end = count = 0  # len(received), len(ends): counted, not asked for per message
             while True:
                 size, data = get_copy_data(1)
                 if size > 0:
                     received += data
-                    ends.append(len(received))
-                    if len(ends) >= batch_rows or len(received) >= batch_bytes:
+                    end += size
+                    count += 1
+                    append(end)
+                    if count >= batch_rows or end >= batch_bytes:
                         yield bytes(received), ends
                         received, ends = bytearray(), []
+                        append = ends.append
+                        end = count = 0
                 elif size == 0:
                     waiter.run(_readable(pgconn))
                 else:
