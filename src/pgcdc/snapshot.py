@@ -34,6 +34,7 @@ state at C, then (streamed afterwards from the slot) every change from C on.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import re
@@ -46,12 +47,13 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import CreatedSlot, supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
+from pgcdc.connection.waiting import READ, PQGen, SyncWaiter
 from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.values import TypeRegistry
@@ -90,6 +92,7 @@ __all__ = [
     "SnapshotTable",
     "chunk_pages",
     "copy_chunk",
+    "copy_out",
     "copy_query",
     "exported_slot",
     "inserts",
@@ -461,37 +464,98 @@ def inserts(lsn: LSN, table: Table, rows: Sequence[bytes]) -> list[Event]:
     return events
 
 
+def copy_out(
+    conn: psycopg.Connection[Any],
+    query: sql.Composed,
+    *,
+    batch_rows: int = BATCH_ROWS,
+    batch_bytes: int = BATCH_BYTES,
+) -> Iterator[tuple[bytes, list[int]]]:
+    """Run ``query`` (a ``COPY ... TO STDOUT``) on ``conn``: its CopyData messages joined in
+    batches of about ``batch_rows`` messages or ``batch_bytes``, each with where each message
+    ends in it. The last batch may be empty; a server error is raised before it.
+
+    psycopg starts and ends the COPY; the messages are taken from libpq in one loop, every
+    message it already holds before the socket is waited on: psycopg's own iterator runs a
+    generator and a wait per message (one per row), most of a binary copy's client CPU."""
+    with conn.cursor() as cursor, cursor.copy(query):
+        pgconn = conn.pgconn
+        waiter = SyncWaiter(pgconn.socket)
+        try:
+            get_copy_data = pgconn.get_copy_data
+            received = bytearray()
+            ends: list[int] = []
+            append = ends.append
+            end = count = 0  # len(received), len(ends): counted, not asked for per message
+            while True:
+                size, data = get_copy_data(1)
+                if size > 0:
+                    received += data
+                    end += size
+                    count += 1
+                    append(end)
+                    if count >= batch_rows or end >= batch_bytes:
+                        yield bytes(received), ends
+                        received, ends = bytearray(), []
+                        append = ends.append
+                        end = count = 0
+                elif size == 0:
+                    waiter.run(_readable(pgconn))
+                else:
+                    break
+            for result in waiter.run(_results(pgconn)):
+                if result.status != pq.ExecStatus.COMMAND_OK:
+                    raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+        finally:
+            waiter.close()
+        yield bytes(received), ends
+
+
+def _readable(pgconn: pq.abc.PGconn) -> PQGen[None]:
+    """Wait until the socket has something, and take it into libpq."""
+    while not (yield READ, None):
+        continue
+    pgconn.consume_input()
+
+
+def _results(pgconn: pq.abc.PGconn) -> PQGen[list[pq.abc.PGresult]]:
+    """The results of the query in flight (after a COPY's data: its end)."""
+    results: list[pq.abc.PGresult] = []
+    while True:
+        while pgconn.is_busy():
+            yield from _readable(pgconn)
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
+
+
 def copy_chunk(conn: psycopg.Connection[Any], chunk: Chunk) -> Iterator[tuple[list[bytes], int]]:
     """COPY one chunk on ``conn`` (inside the exported snapshot): its rows as TupleData
     (``EncodedRow`` bytes; pgoutput's binary mode for a binary copy, its text mode for a text
     one), in batches of about ``BATCH_ROWS`` rows or ``BATCH_BYTES``, each with the COPY bytes
     it was read from. The last batch may be empty."""
     width = len(chunk.table.table.columns)
-    with translated(), conn.cursor() as cursor, cursor.copy(copy_query(chunk)) as copy:
+    with translated():
         if chunk.table.binary:
             reader = CopyBinaryReader(width)
-            # The messages in one buffer, and where each ends (one tuple each).
-            received = bytearray()
-            ends: list[int] = []
-            for data in copy:
-                received += data
-                ends.append(len(received))
-                if len(ends) >= BATCH_ROWS or len(received) >= BATCH_BYTES:
-                    yield reader.read_joined(bytes(received), ends), len(received)
-                    received, ends = bytearray(), []
-            last = reader.read_joined(bytes(received), ends)
-            reader.finish()
-            yield last, len(received)
+            held: tuple[list[bytes], int] | None = None
+            for data, ends in copy_out(conn, copy_query(chunk)):
+                if held is not None:
+                    yield held
+                held = reader.read_joined(data, ends), len(data)
+            reader.finish()  # the stream was whole before its last rows go out
+            if held is not None:
+                yield held
         else:
-            rows: list[bytes] = []
-            size = 0
-            for line in copy:
-                rows.append(encode_tuple_data(parse_copy_text_row(line, width)))
-                size += len(line)
-                if len(rows) >= BATCH_ROWS or size >= BATCH_BYTES:
-                    yield rows, size
-                    rows, size = [], 0
-            yield rows, size
+            for data, ends in copy_out(conn, copy_query(chunk)):
+                yield (
+                    [
+                        encode_tuple_data(parse_copy_text_row(data[start:end], width))
+                        for start, end in itertools.pairwise([0, *ends])
+                    ],
+                    len(data),
+                )
 
 
 # --- taking the snapshot ---------------------------------------------------------------------

@@ -307,7 +307,7 @@ def check_many_rows(datas: list[bytes], width: int) -> None:
             "rows_to_arrow(EncodedRow), columnar": lambda: rows_to_arrow(
                 table, [EncodedRow(data) for data in datas]
             ),
-            "spark typing": lambda: changes._tuples_to_arrow(
+            "spark typing": lambda: changes.tuples_to_arrow(
                 table, column, arrow.DEFAULT_OPTIONS, {}
             ),
         }

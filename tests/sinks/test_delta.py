@@ -9,11 +9,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
 from pgcdc.events import ReplicaIdentity
 from pgcdc.sinks import DeltaSink, SinkKind, read_table, write_table
-from pgcdc.sinks.delta import LSN_INFINITY
+from pgcdc.sinks.changes import TableSpec
+from pgcdc.sinks.delta import (
+    LSN_INFINITY,
+    _history_rows,
+    _mirror_rows,
+    _number_copies,
+    _rows,
+    fold_history,
+    fold_mirror,
+    initial_rows,
+    prepare,
+)
 from pgcdc.sinks.schema import delta_schema
 
 from .model import ITEMS_SCHEMA, Source, items_spec, state_at
@@ -299,3 +312,72 @@ def test_bad_batches_are_typed_errors(tmp_path: Path) -> None:
         write_table(path, src.spec, huge, SinkKind.MIRROR, app_id="a", version=1)
     with pytest.raises(InvalidChangeBatch, match="more than once"):
         DeltaSink(tmp_path, app_id="a").write_batch(1, [(src.spec, good), (src.spec, good)])
+
+
+# --- an initial snapshot's rows ----------------------------------------------------------------
+
+
+def folded_initial_rows(kind: SinkKind, dspec: TableSpec, changes: pa.Table) -> pa.Table:
+    """The reference for ``initial_rows``: each kind's rows as its fold builds them for a batch
+    landing in an empty table, as every batch's writer does."""
+    if kind is SinkKind.CHANGELOG:
+        return changes
+    if kind is SinkKind.MIRROR:
+        changes = _number_copies(dspec, None, changes, current_only=False)
+        folded = fold_mirror(dspec, changes)
+        assert folded is not None and folded[1].num_rows == 0
+        lineage = folded[0]
+        rows = _rows(dspec, changes, lineage)
+        return _mirror_rows(dspec, changes, rows, lineage.to_pylist())
+    changes = _number_copies(dspec, None, changes, current_only=True)
+    history = fold_history(dspec, changes)
+    assert history is not None
+    rows = _rows(dspec, changes, pa.array(history.starts))
+    return _history_rows(dspec, changes, rows, history.starts, history.ends)
+
+
+SPECS = {
+    "key": items_spec(),
+    "composite key": items_spec(keys=("name", "id")),
+    "keyless full": items_spec(keys=tuple(ITEMS_SCHEMA.names), identity=ReplicaIdentity.FULL),
+}
+item = st.tuples(st.integers(0, 5), st.sampled_from([None, "a", "b"]), st.integers(0, 2))
+
+
+@pytest.mark.parametrize("shape", sorted(SPECS))
+@given(items=st.lists(item, max_size=12))
+def test_initial_rows_are_what_the_folds_build(shape: str, items: list[Any]) -> None:
+    spec = SPECS[shape]
+    src = Source(spec)
+    seen = set()
+    for index, (ident, name, qty) in enumerate(items):
+        # Keys in and out of order (distinct: the index, signed by qty).
+        distinct = index if qty else -index
+        row = {"id": ident if shape == "keyless full" else distinct, "name": name, "qty": qty}
+        if shape == "composite key" and (name, row["id"]) in seen:
+            continue
+        seen.add((name, row["id"]))
+        src.insert(**row, body="x")  # keyless: the same row may come again
+    src.commit()
+    dspec, changes = prepare(spec, src.take())
+    built = initial_rows(ALL, dspec, changes)
+    assert list(built) == list(ALL)
+    for kind in ALL:
+        assert built[kind].equals(folded_initial_rows(kind, dspec, changes))
+        assert initial_rows([kind], dspec, changes)[kind].equals(built[kind])
+
+
+def test_initial_rows_refuse_what_a_snapshot_cannot_hold() -> None:
+    spec = items_spec()
+    for make in ("same key", "update"):
+        src = Source(spec)
+        src.insert(id=1, name="a", body="x", qty=1)
+        if make == "same key":
+            src.insert(id=1, name="b", body="y", qty=2)
+        else:
+            src.update((1,), qty=3)
+        src.commit()
+        dspec, changes = prepare(spec, src.take())
+        for kind in (SinkKind.MIRROR, SinkKind.HISTORY):
+            with pytest.raises(InvalidChangeBatch, match="INSERTs of distinct rows"):
+                initial_rows([kind], dspec, changes)

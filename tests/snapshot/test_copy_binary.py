@@ -9,21 +9,30 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pgcdc.changelog import ChangeLog
 from pgcdc.changelog.codec import type_info_of
-from pgcdc.decoding.arrow import rows_to_arrow
-from pgcdc.decoding.copybinary import COPY_BINARY_SIGNATURE, CopyBinaryReader, splice_tuples
-from pgcdc.decoding.pgtypes import TypeInfo
+from pgcdc.decoding import arrow, columnar
+from pgcdc.decoding.arrow import framed_to_arrow, rows_to_arrow
+from pgcdc.decoding.copybinary import (
+    COPY_BINARY_SIGNATURE,
+    CopyBinaryReader,
+    frame_copy,
+    splice_tuples,
+)
+from pgcdc.decoding.pgtypes import BY_OID, TypeInfo
 from pgcdc.decoding.values import TypeRegistry
 from pgcdc.errors import DecodeError, InvalidOption
-from pgcdc.events import EncodedRow, Insert, Row, Table, Type, encode_tuple_data
+from pgcdc.events import Column, EncodedRow, Insert, Row, Table, Type, encode_tuple_data
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS
 from pgcdc.snapshot import take_snapshot
 from tests.conftest import Database
+from tests.decoding.test_columnar import outcome
+from tests.decoding.test_registry_walk import BINARY_SAMPLES, REGISTRY
 
 HEADER = COPY_BINARY_SIGNATURE + b"\0\0\0\0" + b"\0\0\0\0"
 TRAILER = b"\xff\xff"
@@ -138,6 +147,137 @@ def test_messages_that_are_not_one_tuple_each_are_not_spliced() -> None:
         encode_tuple_data((b"a", None)),
         encode_tuple_data((None, b"bc")),
     ]
+
+
+# --- frame_copy: the stream framed where COPY sent it ----------------------------------------
+
+
+def server_messages(rows: list[tuple[bytes | None, ...]]) -> list[bytes]:
+    """As the server sends a binary COPY: the header with the first tuple, the trailer alone."""
+    messages = [copy_tuple(r) for r in rows] or [b""]
+    messages[0] = HEADER + messages[0]
+    return [*messages, TRAILER]
+
+
+def joined(messages: list[bytes]) -> tuple[bytes, list[int]]:
+    return b"".join(messages), list(itertools.accumulate(len(m) for m in messages))
+
+
+def field_values(framing: columnar.Framing) -> list[list[tuple[int, bytes]]]:
+    """Each column's (kind, value bytes) per row: what typing reads of a framing."""
+    data = framing.columns[0].buffer.data if framing.columns else b""
+    return [
+        [
+            (kind, data[start : start + length])
+            for kind, start, length in zip(
+                view.kinds.tolist(), view.starts.tolist(), view.lengths.tolist(), strict=True
+            )
+        ]
+        for view in framing.columns
+    ]
+
+
+def spliced_framing(width: int, messages: list[bytes]) -> columnar.Framing | None:
+    """The reference: the reader's TupleData of the stream, framed by ``frame_tuples``; None
+    when the reader refuses the stream."""
+    try:
+        rows = [row.data for row in read_all(width, messages)]
+    except DecodeError:
+        return None
+    bounds = np.array([0, *itertools.accumulate(len(r) for r in rows)], dtype=np.int64)
+    framing = columnar.frame_tuples(
+        columnar.WireBuffer(b"".join(rows)), bounds[:-1], bounds[1:], width
+    )
+    assert framing is not None
+    return framing
+
+
+@given(binary_rows)
+def test_frame_copy_frames_what_the_reader_splices(
+    table: tuple[int, list[tuple[bytes | None, ...]]],
+) -> None:
+    width, rows = table
+    data, ends = joined(server_messages(rows))
+    framing = frame_copy(data, ends, width)
+    if not rows:
+        assert framing is None  # nothing to frame: the reader takes the header and trailer
+        return
+    assert framing is not None, "a stream as the server sends it must take the fast path"
+    reference = spliced_framing(width, server_messages(rows))
+    assert reference is not None
+    assert len(framing.ends) == len(reference.ends) == len(rows)
+    assert field_values(framing) == field_values(reference)
+
+
+@given(binary_rows, st.data())
+def test_frame_copy_frames_nothing_the_reader_would_read_otherwise(
+    table: tuple[int, list[tuple[bytes | None, ...]]], data: st.DataObject
+) -> None:
+    """A damaged stream (a byte changed, messages cut elsewhere, another width) is framed as
+    the reader reads it, or not at all (the reader then says what is wrong)."""
+    width, rows = table
+    stream, ends = joined(server_messages(rows))
+    damage = data.draw(st.sampled_from(["byte", "cut", "width"]))
+    if damage == "byte":
+        at = data.draw(st.integers(0, len(stream) - 1))
+        stream = stream[:at] + bytes([data.draw(st.integers(0, 255))]) + stream[at + 1 :]
+    elif damage == "cut":
+        ends = sorted({*data.draw(st.lists(st.integers(1, len(stream)), max_size=4)), *ends})
+        ends = data.draw(st.permutations(ends)) if data.draw(st.booleans()) else ends
+        ends = [e for e in ends if e != len(stream)] + [len(stream)]
+        ends = sorted(set(ends))
+        drop = data.draw(st.integers(0, max(len(ends) - 2, 0)))
+        ends = [e for i, e in enumerate(ends) if i != drop or e == len(stream)]
+    else:
+        width = data.draw(st.integers(0, 6))
+    messages = [stream[a:b] for a, b in itertools.pairwise([0, *ends])]
+    framing = frame_copy(stream, ends, width)
+    if framing is not None:
+        reference = spliced_framing(width, messages)
+        assert reference is not None, "framed a stream the reader refuses"
+        assert field_values(framing) == field_values(reference)
+
+
+def test_frame_copy_refuses_streams_not_as_the_server_sends_them() -> None:
+    one, two = copy_tuple((b"a", None)), copy_tuple((None, b"bc"))
+    good = [HEADER + one, two, TRAILER]
+    assert frame_copy(*joined(good), 2) is not None
+    assert frame_copy(*joined([HEADER, one, two, TRAILER]), 2) is None  # the header alone
+    assert frame_copy(*joined([HEADER + one + two, TRAILER]), 2) is None  # two in one
+    assert frame_copy(*joined([HEADER + one, two + TRAILER]), 2) is None  # no trailer alone
+    assert frame_copy(*joined([HEADER + one, two]), 2) is None  # no trailer
+    assert frame_copy(*joined(good), 3) is None  # another width
+    oids = COPY_BINARY_SIGNATURE + b"\0\1\0\0" + bytes(4)
+    assert frame_copy(*joined([oids + one, two, TRAILER]), 2) is None
+    negative = copy_tuple((b"a",))[:2] + b"\xff\xff\xff\xfe"
+    assert frame_copy(*joined([HEADER + negative, TRAILER]), 1) is None
+
+
+def registry_samples(oid: int) -> list[bytes]:
+    """Binary values of the type: the registry walk's samples where it has them, else bytes
+    of every short length (most are not a valid value: both paths must then fail alike)."""
+    name = REGISTRY.resolve(oid).name
+    found = BINARY_SAMPLES.get(name)
+    return list(found) if found else [b"", b"\x00", b"\x00\x01", bytes(4), bytes(8), b"\x01" * 16]
+
+
+@pytest.mark.parametrize("oid", sorted(BY_OID), ids=lambda oid: BY_OID[oid].name)
+def test_every_type_is_typed_alike_from_the_framed_copy_and_the_spliced_rows(oid: int) -> None:
+    """Over the whole registry: typing the framed stream gives the batch (or the error) that
+    ``rows_to_arrow`` gives for the reader's rows, value by value."""
+    samples = registry_samples(oid)
+    rows: list[tuple[bytes | None, ...]] = [(v, None) for v in samples] + [(None, samples[0])]
+    table = Table("public", "t", (Column("a", oid, -1), Column("b", oid, -1)))
+    messages = server_messages(rows)
+    framing = frame_copy(*joined(messages), 2)
+    assert framing is not None
+    strings = columnar.text_columns(framing)
+    assert strings is not None
+    fast = outcome(lambda: framed_to_arrow(table, framing, strings))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(arrow, "_fast_column", lambda *args: None)
+        slow = outcome(lambda: rows_to_arrow(table, read_all(2, messages)))
+    assert fast == slow
 
 
 # --- against the server ----------------------------------------------------------------------

@@ -9,6 +9,11 @@ decoded: the change log stores it as it stores a streamed binary row, and reader
 alike. The server sends each tuple in a CopyData message of its own; ``CopyBinaryReader.
 read_messages`` splices many such messages at once with numpy (one pass per column over every
 row), since a Python loop over each field of each row costs more than the text format's split.
+
+Where the rows are typed at once (the executors' snapshot), they need not be spliced at all:
+``frame_copy`` frames a whole stream's tuples where COPY sent them, as
+``pgcdc.decoding.columnar.frame_tuples`` frames the TupleData the reader makes of them (same
+kinds, lengths and value bytes), and ``pgcdc.decoding.arrow.framed_to_arrow`` types that.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from pgcdc.decoding.columnar import ColumnView, Framing, WireBuffer
 from pgcdc.decoding.values import ResolvedType, TypeRegistry
 from pgcdc.errors import DecodeError
 
@@ -28,6 +34,7 @@ __all__ = [
     "Buffer",
     "CopyBinaryReader",
     "binary_decodable",
+    "frame_copy",
     "splice_tuples",
 ]
 
@@ -41,6 +48,8 @@ _TWO_INT32 = struct.Struct("!ii").unpack_from
 _NULL_KIND = b"n"
 _BINARY_KIND = b"b"
 _TRAILER = b"\xff\xff"
+_KIND_NULL = ord(_NULL_KIND)
+_KIND_BINARY = ord(_BINARY_KIND)
 _BIG_ENDIAN_INT32 = np.array([1 << 24, 1 << 16, 1 << 8, 1], dtype=np.int64)
 Buffer = bytes | bytearray | memoryview
 
@@ -104,6 +113,57 @@ def splice_tuples(
     out = spliced[:spliced_size].tobytes()
     bounds = [*row_targets, spliced_size]
     return [out[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def frame_copy(data: bytes, ends: Sequence[int], width: int) -> Framing | None:
+    """The tuples of a whole binary COPY stream as the server sends it (the header with the
+    first tuple, one tuple per message, the trailer alone; message i ending at ``ends[i]``),
+    framed as ``columnar.frame_tuples`` frames the TupleData ``CopyBinaryReader`` makes of
+    them: per column the same kinds ('b', or 'n' for NULL), lengths and value bytes, read where
+    COPY sent them. None for anything else (no tuple, another layout, a malformed stream):
+    the reader then takes the stream, and says what is wrong."""
+    count = len(ends) - 1  # the last message is the trailer
+    signature = len(COPY_BINARY_SIGNATURE)
+    if count < 1 or ends[-1] != len(data) or data[ends[-2] : ends[-1]] != _TRAILER:
+        return None
+    if len(data) < _HEADER_BYTES or not data.startswith(COPY_BINARY_SIGNATURE):
+        return None
+    flags, extension = _TWO_INT32(data, signature)
+    first = _HEADER_BYTES + extension
+    if flags & _CRITICAL_FLAGS or extension < 0 or first >= ends[0]:
+        return None
+    limits = np.asarray(ends[:-1], dtype=np.int64)
+    starts = np.empty_like(limits)
+    starts[0] = first
+    starts[1:] = limits[:-1]
+    buffer = WireBuffer(data)
+    if bool((starts + 2 > limits).any()) or bool((buffer.view(">i2")[starts] != width).any()):
+        return None
+    int32 = buffer.view(">i4")
+    position = starts + 2
+    columns = []
+    for _ in range(width):
+        if bool((position + 4 > limits).any()):
+            return None
+        lengths = int32[position].astype(np.int64)
+        value_starts = position + 4
+        nulls = lengths == -1
+        if bool(nulls.any()):
+            if bool((lengths < -1).any()):
+                return None
+            kinds = np.where(nulls, _KIND_NULL, _KIND_BINARY).astype(np.uint8)
+            lengths[nulls] = 0
+        else:
+            if bool((lengths < 0).any()):
+                return None
+            kinds = np.full(count, _KIND_BINARY, dtype=np.uint8)
+        position = value_starts + lengths
+        if bool((position > limits).any()):
+            return None
+        columns.append(ColumnView(buffer, kinds, value_starts, lengths))
+    if not np.array_equal(position, limits):
+        return None
+    return Framing(tuple(columns), position)
 
 
 class CopyBinaryReader:

@@ -482,8 +482,10 @@ def _key_rows(dspec: c.TableSpec, keys: Sequence[Key]) -> dict[str, pa.Array]:
     }
 
 
-def _take(changes: pa.Table, column: str, rows: Sequence[int]) -> pa.Array:
-    return changes.column(column).combine_chunks().take(pa.array(rows, pa.int64()))
+def _take(changes: pa.Table, column: str, rows: Sequence[int] | None) -> pa.Array:
+    """``column`` of change ``rows`` (None: of every change, in order)."""
+    array = changes.column(column).combine_chunks()
+    return array if rows is None else array.take(pa.array(rows, pa.int64()))
 
 
 # --- the three writers -----------------------------------------------------------------------
@@ -610,9 +612,10 @@ def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
     )
 
 
-def _rows(dspec: c.TableSpec, changes: pa.Table, rows: pa.Array) -> pa.Table:
-    """The table columns and ``_text`` of change ``rows``."""
-    taken = changes.select([*dspec.schema.names, c.TEXT]).take(rows)
+def _rows(dspec: c.TableSpec, changes: pa.Table, rows: pa.Array | None) -> pa.Table:
+    """The table columns and ``_text`` of change ``rows`` (None: of every change, in order)."""
+    taken = changes.select([*dspec.schema.names, c.TEXT])
+    taken = taken if rows is None else taken.take(rows)
     schema = dspec.schema.append(pa.field(c.TEXT, c.TEXT_TYPE))
     return pa.Table.from_arrays(
         [taken.column(n).combine_chunks() for n in taken.column_names], schema=schema
@@ -659,10 +662,10 @@ def _number_copies(
 
 
 def _mirror_rows(
-    dspec: c.TableSpec, changes: pa.Table, rows: pa.Table, lineage: Sequence[int]
+    dspec: c.TableSpec, changes: pa.Table, rows: pa.Table, lineage: Sequence[int] | None
 ) -> pa.Table:
     """Mirror rows: the values of ``rows`` with the commit and identity of the changes
-    (``lineage``) that wrote them."""
+    (``lineage``; None: every change, in order) that wrote them."""
     rows = rows.append_column(c.COMMIT_LSN, _take(changes, c.COMMIT_LSN, lineage))
     rows = rows.append_column(c.COMMIT_TIME, _take(changes, c.COMMIT_TIME, lineage))
     for name in k.identity_columns(dspec):
@@ -864,31 +867,56 @@ _WRITERS = {
 }
 
 
-def initial_rows(kind: SinkKind, dspec: c.TableSpec, changes: pa.Table) -> pa.Table:
-    """What ``kind``'s writer appends to an empty table for ``changes`` (prepared): INSERTs of
-    distinct rows, as an initial snapshot's chunk holds. The same builders as every batch's,
-    so a snapshot landed from executors is what the change log path would have written."""
-    if kind is SinkKind.CHANGELOG:
-        return changes
-    if kind is SinkKind.MIRROR:
-        changes = _number_copies(dspec, None, changes, current_only=False)
-        folded = fold_mirror(dspec, changes)
-        if folded is not None and folded[1].num_rows == 0:
-            lineage = folded[0]
-            if len(lineage) == changes.num_rows:
-                return _mirror_rows(
-                    dspec, changes, _rows(dspec, changes, lineage), lineage.to_pylist()
-                )
+def initial_rows(
+    kinds: Sequence[SinkKind], dspec: c.TableSpec, changes: pa.Table
+) -> dict[SinkKind, pa.Table]:
+    """What each of ``kinds``' writers appends to an empty table for ``changes`` (prepared):
+    INSERTs of distinct rows, as an initial snapshot's chunk holds. The same builders as every
+    batch's, so a snapshot landed from executors is what the change log path would have
+    written; the folds are not run, as their outcome for such changes is known once they are
+    checked to be that (once for all kinds): ``fold_mirror``'s lineage is every change in
+    order, and ``fold_history`` opens a version at every change and closes none."""
+    built = {}
+    if SinkKind.CHANGELOG in kinds:
+        built[SinkKind.CHANGELOG] = changes
+    if SinkKind.MIRROR not in kinds and SinkKind.HISTORY not in kinds:
+        return built
+    # Into an empty table the copies are numbered alike for both kinds (current_only only
+    # narrows what is read of the table).
+    changes = _number_copies(dspec, None, changes, current_only=False)
+    if not _distinct_inserts(dspec, changes):
+        raise InvalidChangeBatch(
+            f"{dspec.qualified_name}: an initial snapshot's rows must be INSERTs of distinct "
+            "rows, but two share an identity; report this as a bug"
+        )
+    rows = _rows(dspec, changes, None)
+    if SinkKind.MIRROR in kinds:
+        built[SinkKind.MIRROR] = _mirror_rows(dspec, changes, rows, None)
+    if SinkKind.HISTORY in kinds:
+        every = np.arange(changes.num_rows, dtype=np.int64)
+        ends = np.full(len(every), -1, dtype=np.int64)
+        built[SinkKind.HISTORY] = _history_rows(dspec, changes, rows, every, ends)
+    return built
+
+
+def _distinct_inserts(dspec: c.TableSpec, changes: pa.Table) -> bool:
+    """Whether ``changes`` are INSERTs (every column sent) of rows of distinct identities."""
+    if changes.num_rows == 0:
+        return True
+    if not pc.all(pc.equal(changes.column(c.OP), c.INSERT)).as_py():
+        return False
+    if pc.any(pc.greater(pc.list_value_length(changes.column(c.UNCHANGED)), 0)).as_py():
+        return False
+    keys = list(k.identity_columns(dspec))
+    if len(keys) == 1:
+        key = changes.column(keys[0]).combine_chunks()
+        ascending = pc.less(key.slice(0, len(key) - 1), key.slice(1))
+        if pc.all(ascending, skip_nulls=False).as_py():
+            return True  # ascending, as a table filled in key order is copied: no hashing
+        distinct = pc.count_distinct(key, mode="all").as_py()
     else:
-        changes = _number_copies(dspec, None, changes, current_only=True)
-        history = fold_history(dspec, changes)
-        if history is not None and len(history.starts) == changes.num_rows:
-            rows = _rows(dspec, changes, pa.array(history.starts))
-            return _history_rows(dspec, changes, rows, history.starts, history.ends)
-    raise InvalidChangeBatch(
-        f"{dspec.qualified_name}: an initial snapshot's rows must be INSERTs of distinct rows, "
-        "but two share an identity; report this as a bug"
-    )
+        distinct = changes.select(keys).group_by(keys, use_threads=False).aggregate([]).num_rows
+    return bool(distinct == changes.num_rows)
 
 
 def ensure_table(

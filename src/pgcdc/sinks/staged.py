@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.transaction import AddAction, RemoveAction
 
 from pgcdc.errors import SinkError
@@ -27,6 +34,13 @@ from pgcdc.storage import StorageOptions, filesystem
 
 STAGING_DIRECTORY = "pgcdc-snapshot"
 _FIRST_COMMIT = "_delta_log/" + "0" * 20 + ".json"
+# Plain-encoded, Snappy-compressed pages: a dictionary costs a hash of every value, spent in
+# vain on the unique columns every snapshot has (the key, ``_pgcdc_key``), while Snappy takes
+# most of what it saves on repeated values. Statistics stay as delta-rs writes them: the add
+# actions carry them.
+WRITER_PROPERTIES = WriterProperties(
+    compression="SNAPPY", default_column_properties=ColumnProperties(dictionary_enabled=False)
+)
 
 
 def stage(
@@ -41,7 +55,13 @@ def stage(
     name = uuid.uuid4().hex
     relative = f"{STAGING_DIRECTORY}/{name}"
     staging = f"{table_path.rstrip('/')}/{relative}"
-    write_deltalake(staging, align(rows, schema), mode="error", storage_options=storage.delta())
+    write_deltalake(
+        staging,
+        align(rows, schema),
+        mode="error",
+        storage_options=storage.delta(),
+        writer_properties=WRITER_PROPERTIES,
+    )
     fs, path = filesystem(staging, storage or None)
     with fs.open_input_stream(f"{path}/{_FIRST_COMMIT}") as log:
         lines = log.read().decode().splitlines()

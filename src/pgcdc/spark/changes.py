@@ -78,7 +78,7 @@ def _rows(column: pa.Array, empty: EncodedRow) -> list[Row]:
     return [empty if data is None else EncodedRow(data) for data in column.to_pylist()]
 
 
-def _tuples_to_arrow(
+def tuples_to_arrow(
     table: Table,
     column: pa.Array,
     options: ArrowOptions,
@@ -121,7 +121,7 @@ def _old_struct(
         schema = rows_to_arrow(table, [], options, types).schema
         struct = pa.struct([schema.field(i) for i in range(width)])
         return pa.nulls(len(old), struct), pa.nulls(len(old), c.TEXT_TYPE)
-    typed = _tuples_to_arrow(table, old.filter(present), options, types)
+    typed = tuples_to_arrow(table, old.filter(present), options, types)
     fields = [
         pa.field(typed.schema.field(i).name, typed.schema.field(i).type) for i in range(width)
     ]
@@ -152,11 +152,9 @@ def _typed(
         or pc.any(pc.and_(is_delete, old.is_null())).as_py()
     ):
         raise CorruptChangeLog("a change row the event requires is missing from the change log")
-    width = len(table.columns)
-    typed = _tuples_to_arrow(table, new, options, types)
-    old_struct, old_text = _old_struct(table, old, options, types)
-    arrays = [typed.column(i) for i in range(width)]
-    arrays += [
+    typed = tuples_to_arrow(table, new, options, types)
+    old_typed = _old_struct(table, old, options, types)
+    metadata = [
         ops,
         rows.column("commit_lsn"),
         rows.column("seq"),
@@ -164,6 +162,25 @@ def _typed(
         rows.column("xid").cast(pa.int64()),
         commit_time,
         rows.column("origin"),
+    ]
+    return _change_table(table, typed, metadata, old_typed, options)
+
+
+def _change_table(
+    table: Table,
+    typed: pa.RecordBatch,
+    metadata: list[pa.Array],
+    old: tuple[pa.Array, pa.Array],
+    options: ArrowOptions,
+) -> pa.Table:
+    """A change table from the typed new rows (``rows_to_arrow``'s batch), the metadata
+    columns (``c.METADATA_FIELDS`` but the last two, which the typed rows hold), and ``_old``
+    and ``_old_text`` (``_old_struct``)."""
+    old_struct, old_text = old
+    width = len(table.columns)
+    arrays = [typed.column(i) for i in range(width)]
+    arrays += [
+        *metadata,
         typed.column(options.unchanged_column),
         typed.column(options.text_column),
         old_struct,
@@ -179,7 +196,7 @@ def _typed(
 
 def insert_changes(
     table: Table,
-    rows: pa.Array,
+    typed: pa.RecordBatch,
     *,
     commit_lsn: int,
     lsn: int,
@@ -188,28 +205,26 @@ def insert_changes(
     first_seq: int = 0,
     options: ArrowOptions = DEFAULT_OPTIONS,
 ) -> pa.Table:
-    """INSERTs of ``rows`` (a binary array of TupleData) in one transaction, as a change table
-    typed exactly as change log rows are (``_typed``): an initial snapshot's chunk copied
-    outside the change log. ``_seq`` counts up from ``first_seq``."""
-    count = len(rows)
+    """INSERTs of ``typed`` (rows typed by ``rows_to_arrow`` or its columnar equivalents, as
+    ``tuples_to_arrow`` types a change log column) in one transaction, as the change table
+    ``_typed`` makes of such rows logged: an initial snapshot's chunk copied outside the change
+    log. ``_seq`` counts up from ``first_seq``."""
+    count = typed.num_rows
     if first_seq + count > 2**32:
         raise InvalidChangeBatch(
             f"{table.qualified_name}: _seq {first_seq + count - 1} does not fit its uint32"
         )
-    logged = pa.RecordBatch.from_pydict(
-        {
-            "kind": pa.array([c.INSERT] * count, pa.string()),
-            "commit_lsn": pa.array(np.full(count, commit_lsn, np.uint64)),
-            "seq": pa.array(np.arange(first_seq, first_seq + count, dtype=np.uint32)),
-            "lsn": pa.array(np.full(count, lsn, np.uint64)),
-            "xid": pa.nulls(count, pa.int64()),
-            "commit_time": pa.array([commit_time] * count, c.COMMIT_TIME_TYPE),
-            "origin": pa.nulls(count, pa.string()),
-            "new": rows,
-            "old": pa.nulls(count, pa.binary()),
-        }
-    )
-    return _typed(table, logged, options, types)
+    old = _old_struct(table, pa.nulls(count, pa.binary()), options, types)
+    metadata = [
+        pa.repeat(pa.scalar(c.INSERT, pa.string()), count),
+        pa.repeat(pa.scalar(commit_lsn, pa.uint64()), count),
+        pa.array(np.arange(first_seq, first_seq + count, dtype=np.uint32)),
+        pa.repeat(pa.scalar(lsn, pa.uint64()), count),
+        pa.nulls(count, pa.int64()),
+        pa.repeat(pa.scalar(commit_time, c.COMMIT_TIME_TYPE), count),
+        pa.nulls(count, pa.string()),
+    ]
+    return _change_table(table, typed, metadata, old, options)
 
 
 class _Definitions:
@@ -449,4 +464,10 @@ def change_tables(
         yield from waiting.runs(chunk_rows)
 
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "TableChanges", "change_tables", "insert_changes"]
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "TableChanges",
+    "change_tables",
+    "insert_changes",
+    "tuples_to_arrow",
+]

@@ -194,7 +194,10 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
 
     Defaults, each overridden by ``conf``: no UI, two shuffle partitions, Python workers that
     import the installed pyspark rather than compile SPARK_HOME's zip (``pgcdc.spark.daemon``)
-    and, for a local master, a driver JVM that compiles only with C1: the C2 compiler spent
+    and allocate Arrow's memory with the C library's malloc (pyarrow's default, mimalloc, spent
+    much of an executor's CPU in the kernel handing freed pages back and faulting new ones in,
+    as the initial snapshot's tasks build large columns one after the other) and, for a local
+    master, a driver JVM that compiles only with C1: the C2 compiler spent
     2-4 s of CPU per run on code that mostly copies bytes, CPU the receiver needs. A local
     session's other Python processes (planning, the streaming source) skip the zip too, through
     ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python.choose_python``) unless the user set it."""
@@ -208,6 +211,7 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.python.daemon.module": "pgcdc.spark.daemon",
+        "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
     }
     if local:
         defaults["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"

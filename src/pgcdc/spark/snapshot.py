@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -29,9 +30,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 
 from pgcdc.connection.server_errors import translated
+from pgcdc.decoding import columnar
+from pgcdc.decoding.arrow import DEFAULT_OPTIONS, framed_to_arrow
+from pgcdc.decoding.copybinary import CopyBinaryReader, frame_copy
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.errors import PgcdcError, SinkError, SnapshotError, portable
 from pgcdc.events import Table
@@ -56,12 +61,14 @@ from pgcdc.snapshot import (
     SnapshotTable,
     chunk_pages,
     copy_chunk,
+    copy_out,
+    copy_query,
     exported_slot,
     open_worker,
     plan_chunks,
     plan_snapshot,
 )
-from pgcdc.spark.changes import insert_changes
+from pgcdc.spark.changes import insert_changes, tuples_to_arrow
 from pgcdc.spark.pipeline import PipelineConfig, make_sink
 from pgcdc.spark.source import spec_for
 from pgcdc.storage import StorageOptions
@@ -128,18 +135,46 @@ class _Copied:
     error: tuple[Any, ...] | None = None
 
 
-def _changes(job: _CopyJob, table: Table, rows: pa.Array, first_seq: int = 0) -> pa.Table:
-    """The snapshot's rows as the change log path types them: INSERTs committed at the
-    consistent point - 1 (see ``pgcdc.snapshot``)."""
+def _changes(job: _CopyJob, table: Table, typed: pa.RecordBatch, first_seq: int = 0) -> pa.Table:
+    """The snapshot's rows (typed: ``_copied_rows``) as the change log path makes them: INSERTs
+    committed at the consistent point - 1 (see ``pgcdc.snapshot``)."""
     return insert_changes(
         table,
-        rows,
+        typed,
         commit_lsn=job.consistent_point - 1,
         lsn=job.consistent_point,
         commit_time=job.commit_time,
         types=job.types,
         first_seq=first_seq,
     )
+
+
+def _copied_rows(
+    conn: psycopg.Connection[Any], chunk: Chunk, types: Mapping[int, TypeInfo]
+) -> tuple[pa.RecordBatch, int]:
+    """COPY ``chunk`` on ``conn`` and type its rows as the change log's are typed; and the COPY
+    bytes read. A binary copy is framed where COPY sent it and typed from there
+    (``frame_copy``); a text copy, or a binary stream that is not as the server sends it, goes
+    through TupleData, whose reader says what is wrong."""
+    table = chunk.table.table
+    width = len(table.columns)
+    if chunk.table.binary:
+        [(data, ends)] = copy_out(
+            conn, copy_query(chunk), batch_rows=sys.maxsize, batch_bytes=sys.maxsize
+        )
+        framing = frame_copy(data, ends, width)
+        strings = None if framing is None else columnar.text_columns(framing)
+        if framing is not None and strings is not None:
+            return framed_to_arrow(table, framing, strings, DEFAULT_OPTIONS, types), len(data)
+        reader = CopyBinaryReader(width)
+        rows = reader.read_joined(data, ends)
+        reader.finish()
+        size = len(data)
+    else:
+        parts = list(copy_chunk(conn, chunk))
+        rows = [row for batch, _ in parts for row in batch]
+        size = sum(read for _, read in parts)
+    return tuples_to_arrow(table, pa.array(rows, pa.binary()), DEFAULT_OPTIONS, types), size
 
 
 def copy_task(job: _CopyJob, task: _Task) -> _Copied:
@@ -154,24 +189,23 @@ def copy_task(job: _CopyJob, task: _Task) -> _Copied:
 def _copy(job: _CopyJob, task: _Task) -> _Copied:
     chunk = task.chunk
     with translated(), open_worker(job.conninfo, job.snapshot_name, job.session_settings) as conn:
-        parts = list(copy_chunk(conn, chunk))
+        typed, read = _copied_rows(conn, chunk, job.types)
     table = chunk.table.table
-    rows = pa.array([row for batch, _ in parts for row in batch], pa.binary())
-    if len(rows) > task.stride and not task.last:
+    if typed.num_rows > task.stride and not task.last:
         raise SnapshotError(
-            f"{table.qualified_name}: {len(rows)} rows in {chunk_pages(chunk)} pages, more than "
-            f"{MAX_TUPLES_PER_PAGE} a page (a server built with a larger block size?); set "
+            f"{table.qualified_name}: {typed.num_rows} rows in {chunk_pages(chunk)} pages, more "
+            f"than {MAX_TUPLES_PER_PAGE} a page (a server built with a larger block size?); set "
             '[source] snapshot_in = "receiver"'
         )
-    changes = _changes(job, table, rows, task.first_seq)
+    changes = _changes(job, table, typed, task.first_seq)
     dspec, prepared = prepare(spec_for(table, changes.schema), changes)
+    targets = job.targets[table.qualified_name]
+    built = initial_rows([target.kind for target in targets], dspec, prepared)
     adds = {
-        target.kind: stage(
-            target.path, initial_rows(target.kind, dspec, prepared), target.schema, job.storage
-        )
-        for target in job.targets[table.qualified_name]
+        target.kind: stage(target.path, built[target.kind], target.schema, job.storage)
+        for target in targets
     }
-    return _Copied(table.qualified_name, len(rows), sum(read for _, read in parts), adds)
+    return _Copied(table.qualified_name, typed.num_rows, read, adds)
 
 
 def _replaces(delta: Any, path: str, app_id: str) -> bool:
@@ -439,7 +473,9 @@ def _targets(
     """The Delta tables ``table`` lands in, created for its typed columns (typed as the tasks
     will type its rows), and whether its rows are numbered copies (``keys.counts_copies``).
     Resuming, those an earlier attempt landed (at or after ``resume_from``) are left out."""
-    empty = _changes(job, table, pa.array([], pa.binary()))
+    empty = _changes(
+        job, table, tuples_to_arrow(table, pa.array([], pa.binary()), DEFAULT_OPTIONS, job.types)
+    )
     spec = spec_for(table, empty.schema)
     dspec, _ = prepare(spec, empty)
     so = config.storage.delta()
