@@ -718,7 +718,9 @@ def _resumable(
     land (tables commit one by one; the receiver's path writes one transaction), from its
     slot still at the consistent point it recorded (nothing streamed, no WAL lost)."""
     point = pending.consistent_point
-    if not can_resume or settings.resolved_snapshot_in != "executors" or point is None:
+    if not can_resume or point is None or settings.snapshot != "initial":
+        return None
+    if settings.resolved_snapshot_in != "executors":
         return None
     if slot.invalidated or slot.confirmed_flush_lsn != point or slot.plugin != "pgoutput":
         return None
