@@ -47,13 +47,12 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import generators, pq, sql, waiting
 
 from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import CreatedSlot, supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
-from pgcdc.connection.waiting import READ, PQGen, SyncWaiter
 from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.values import TypeRegistry
@@ -477,57 +476,37 @@ def copy_out(
 
     psycopg starts and ends the COPY; the messages are taken from libpq in one loop, every
     message it already holds before the socket is waited on: psycopg's own iterator runs a
-    generator and a wait per message (one per row), most of a binary copy's client CPU."""
+    generator and a wait per message (one per row), most of a binary copy's client CPU. Only
+    to wait, and to take the COPY's end, are psycopg's generators run."""
     with conn.cursor() as cursor, cursor.copy(query):
         pgconn = conn.pgconn
-        waiter = SyncWaiter(pgconn.socket)
-        try:
-            get_copy_data = pgconn.get_copy_data
-            received = bytearray()
-            ends: list[int] = []
-            append = ends.append
-            end = count = 0  # len(received), len(ends): counted, not asked for per message
-            while True:
-                size, data = get_copy_data(1)
-                if size > 0:
-                    received += data
-                    end += size
-                    count += 1
-                    append(end)
-                    if count >= batch_rows or end >= batch_bytes:
-                        yield bytes(received), ends
-                        received, ends = bytearray(), []
-                        append = ends.append
-                        end = count = 0
-                elif size == 0:
-                    waiter.run(_readable(pgconn))
-                else:
-                    break
-            for result in waiter.run(_results(pgconn)):
-                if result.status != pq.ExecStatus.COMMAND_OK:
-                    raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
-        finally:
-            waiter.close()
+        get_copy_data = pgconn.get_copy_data
+        received = bytearray()
+        ends: list[int] = []
+        append = ends.append
+        end = count = 0  # len(received), len(ends): counted, not asked for per message
+        while True:
+            size, data = get_copy_data(1)
+            if size == 0:  # nothing whole held: wait for the next message, or the COPY's end
+                got = waiting.wait(generators.copy_from(pgconn), pgconn.socket)
+                if not isinstance(got, memoryview):
+                    break  # its result, checked
+                data, size = got, len(got)
+            elif size < 0:  # the COPY's end, taken here: its result is fetched and checked
+                for result in waiting.wait(generators.fetch_many(pgconn), pgconn.socket):
+                    if result.status != pq.ExecStatus.COMMAND_OK:
+                        raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+                break
+            received += data
+            end += size
+            count += 1
+            append(end)
+            if count >= batch_rows or end >= batch_bytes:
+                yield bytes(received), ends
+                received, ends = bytearray(), []
+                append = ends.append
+                end = count = 0
         yield bytes(received), ends
-
-
-def _readable(pgconn: pq.abc.PGconn) -> PQGen[None]:
-    """Wait until the socket has something, and take it into libpq."""
-    while not (yield READ, None):
-        continue
-    pgconn.consume_input()
-
-
-def _results(pgconn: pq.abc.PGconn) -> PQGen[list[pq.abc.PGresult]]:
-    """The results of the query in flight (after a COPY's data: its end)."""
-    results: list[pq.abc.PGresult] = []
-    while True:
-        while pgconn.is_busy():
-            yield from _readable(pgconn)
-        result = pgconn.get_result()
-        if result is None:
-            return results
-        results.append(result)
 
 
 def copy_chunk(conn: psycopg.Connection[Any], chunk: Chunk) -> Iterator[tuple[list[bytes], int]]:
