@@ -261,43 +261,32 @@ def _report(
     return loop
 
 
-def _tasks(chunks: Sequence[Chunk], pages_per_chunk: int) -> list[_Task]:
-    """The chunks as tasks, biggest first (the last tasks to start are the short ones)."""
+def _jobs(chunks: Sequence[Chunk], pages_per_chunk: int, slots: int) -> list[list[_Task]]:
+    """The chunks as tasks, in Spark jobs that each land whole tables, smallest tables first:
+    a table is committed as soon as its job ends, so a crash loses only the tables of the job
+    under way. Small tables share a job, so that it has several tasks per slot (a job's last
+    tasks leave slots idle). Within a job the biggest chunks go first: the last tasks to start
+    are the short ones."""
     by_table: dict[str, list[Chunk]] = defaultdict(list)
     for chunk in chunks:
         by_table[chunk.table.table.qualified_name].append(chunk)
-    tasks = []
-    for own in by_table.values():
-        own.sort(key=lambda c: c.first_page or 0)
-        stride = pages_per_chunk * MAX_TUPLES_PER_PAGE
-        for ordinal, chunk in enumerate(own):
-            tasks.append(_Task(chunk, ordinal, stride, last=ordinal == len(own) - 1))
-    tasks.sort(key=lambda t: chunk_pages(t.chunk), reverse=True)
-    return tasks
-
-
-def _jobs(tasks: Sequence[_Task], slots: int) -> list[list[_Task]]:
-    """The tasks as Spark jobs that each land whole tables, smallest tables first: a table is
-    committed as soon as its job ends, so a crash loses only the tables of the job under way.
-    Small tables share a job, so that it has several tasks per slot (a job's last tasks
-    leave slots idle)."""
-    by_table: dict[str, list[_Task]] = defaultdict(list)
-    for task in tasks:
-        by_table[task.chunk.table.table.qualified_name].append(task)
+    stride = pages_per_chunk * MAX_TUPLES_PER_PAGE
     enough = slots * CHUNKS_PER_SLOT
     jobs: list[list[_Task]] = []
     current: list[_Task] = []
-    for own in sorted(by_table.values(), key=lambda own: sum(chunk_pages(t.chunk) for t in own)):
+    for own in sorted(by_table.values(), key=lambda own: sum(map(chunk_pages, own))):
+        own.sort(key=lambda c: c.first_page or 0)
         if len(own) >= enough and current:  # a table with tasks enough: a job of its own
             jobs.append(current)
             current = []
-        current += own
+        current += [
+            _Task(c, ordinal, stride, ordinal == len(own) - 1) for ordinal, c in enumerate(own)
+        ]
         if len(current) >= enough:
             jobs.append(current)
             current = []
     if current:
         jobs.append(current)
-    # Biggest chunks first within a job: the last tasks to start are the short ones.
     return [sorted(j, key=lambda t: chunk_pages(t.chunk), reverse=True) for j in jobs]
 
 
@@ -418,7 +407,7 @@ def land_initial_snapshot(
                 len(todo),
                 created.consistent_point,
             )
-        jobs = _jobs(_tasks(chunks, pages), slots)
+        jobs = _jobs(chunks, pages, slots)
         log.info(
             "initial snapshot: %d tables in %d chunks, copied by Spark tasks in %d jobs",
             len(todo),
