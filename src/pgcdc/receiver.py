@@ -811,10 +811,7 @@ class Receiver:
                     try:
                         event = handlers[payload[0]](payload, lsn)
                     except Exception as exc:
-                        error = pgoutput.error_for(exc, payload, lsn)
-                        if error is exc:
-                            raise
-                        raise error from None
+                        pgoutput.reraise(exc, payload, lsn)
                     kind = type(event)
                     if (
                         kind in run_starts
@@ -826,17 +823,16 @@ class Receiver:
                         if lsn >= watch_from and message_done(lsn) is not None:
                             return "end_lsn"
                         continue
-                    if kind is Type or kind is Relation:  # rare
-                        if type(event) is Type:  # complete it from pg_type
-                            *rests_on, event = self._types.describe(event)
-                            for described in rests_on:
-                                for txn in feed(described, 0):
-                                    store(txn)
-                        elif type(event) is Relation:  # add pg_attribute's defaults
-                            table = self._types.describe_relation(event.table)
-                            if table is not event.table:
-                                decoder.annotate_relation(table)  # type: ignore[attr-defined]
-                                event = replace(event, table=table)
+                    if type(event) is Type:  # rare: complete it from pg_type
+                        *rests_on, event = self._types.describe(event)
+                        for described in rests_on:
+                            for txn in feed(described, 0):
+                                store(txn)
+                    elif type(event) is Relation:  # rare: add pg_attribute's defaults
+                        table = self._types.describe_relation(event.table)
+                        if table is not event.table:
+                            decoder.annotate_relation(table)  # type: ignore[attr-defined]
+                            event = replace(event, table=table)
                     completed = feed(event, size)
                     if completed:
                         for txn in completed:

@@ -119,14 +119,11 @@ def test_random_bytes_raise_only_decode_error(payload: bytes, proto: int) -> Non
 
 def _inlined(decoder: PgOutputDecoder, payload: bytes) -> Event:
     """``decode_one`` as the receiver's loop inlines it: the handler by message type, and on
-    an exception what ``error_for`` says."""
+    an exception ``reraise``."""
     try:
         return decoder.handlers[payload[0]](payload, AT)
     except Exception as exc:
-        error = decoder.error_for(exc, payload, AT)
-        if error is exc:
-            raise
-        raise error from None
+        decoder.reraise(exc, payload, AT)
 
 
 def _outcome(decode: Callable[[PgOutputDecoder], Event], proto: int, state: DecoderState) -> Any:

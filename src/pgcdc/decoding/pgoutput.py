@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pgcdc.decoding.pgtypes import BY_NAME, TypeInfo
 from pgcdc.decoding.state import DecoderState
@@ -281,22 +281,25 @@ class PgOutputDecoder:
         try:
             return self._dispatch[payload[0]](payload, lsn)
         except Exception as exc:
-            error = self.error_for(exc, payload, lsn)
-            if error is exc:
-                raise
-            raise error from None
+            self.reraise(exc, payload, lsn)
 
     @property
     def handlers(self) -> Mapping[int, Callable[[bytes, LSN], Event]]:
         """``decode_one``'s handler of each message type (the payload's first byte), for a
-        caller that inlines ``decode_one`` for ``bytes``: an exception ``exc`` from the lookup
-        or the handler is then raised as ``error_for`` says, ``from None`` unless it is
-        ``exc`` itself."""
+        caller that inlines ``decode_one`` for ``bytes``: an exception from the lookup or the
+        handler then goes to ``reraise``."""
         return self._dispatch
 
-    def error_for(self, exc: Exception, payload: bytes, lsn: LSN) -> Exception:
-        """What ``decode_one`` raises when looking up ``payload``'s handler, or running it,
-        raised ``exc``: a ``DecodeError`` that says where and why, or ``exc`` itself (an
+    def reraise(self, exc: Exception, payload: bytes, lsn: LSN) -> NoReturn:
+        """Raise what ``decode_one`` raises when looking up ``payload``'s handler, or running
+        it, raised ``exc`` (call it while handling ``exc``)."""
+        error = self._error_for(exc, payload, lsn)
+        if error is exc:
+            raise exc
+        raise error from None
+
+    def _error_for(self, exc: Exception, payload: bytes, lsn: LSN) -> Exception:
+        """A ``DecodeError`` that says where and why, or ``exc`` itself (an
         ``UnknownRelation``, or an error that is not about the payload)."""
         if not payload:
             return DecodeError(f"empty pgoutput message at LSN {lsn}")
