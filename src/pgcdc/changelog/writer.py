@@ -281,8 +281,7 @@ class ChangeLogWriter:
         streamed into frames without being held in memory. If it raises, nothing of ``txn``
         stays in the log and the error propagates.
         """
-        if self._closed or self._sync_failed is not None:
-            self._check_open()  # raises
+        self._check_open()
         if txn.commit_lsn <= self._done[0]:
             return False
         events = txn.events
