@@ -693,12 +693,9 @@ def claim_slot(
             start = _create_slot(conn, settings, standby=standby)
             origin = SlotOrigin(settings.slot, database, start, start)
     if fresh and origin is None and settings.snapshot == "initial":
-        if resume_from is None:
+        if resume_from is None:  # else the mark holds where the resume starts from
             mark_snapshot_pending(root, settings.slot, settings.storage)
-            result = (take_snapshot or initial_snapshot)(settings, writer, standby, None)
-        else:
-            assert take_snapshot is not None  # _resumable
-            result = take_snapshot(settings, writer, standby, resume_from)
+        result = (take_snapshot or initial_snapshot)(settings, writer, standby, resume_from)
         start = result.consistent_point
         origin = SlotOrigin(settings.slot, database, start, start)
     if origin is not None:
