@@ -465,7 +465,7 @@ def inserts(lsn: LSN, table: Table, rows: Sequence[bytes]) -> list[Event]:
 
 def copy_out(
     conn: psycopg.Connection[Any],
-    query: sql.Composed,
+    query: sql.SQL | sql.Composed,
     *,
     batch_rows: int = BATCH_ROWS,
     batch_bytes: int = BATCH_BYTES,

@@ -419,3 +419,20 @@ def test_progress_is_reported_while_copying_and_at_the_end(
     assert halfway.remaining_seconds is not None and halfway.remaining_seconds >= 0
     assert "about" in str(halfway) and "s left" in str(halfway)
     assert str(final).startswith("20,000 rows (") and "left" not in str(final)
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_a_copy_the_server_ends_with_an_error_raises_it(db: Database) -> None:
+    """A COPY the server cuts short with an error (here its statement timeout, after rows
+    went out) is that error, never a short copy taken for the whole: ``copy_out`` checks the
+    COPY's end, however it is reached."""
+    query = psycopg.sql.SQL(
+        "COPY (SELECT g, pg_sleep(0.0005) FROM generate_series(1, 1000000) g) TO STDOUT"
+    )
+    with db.connect() as conn:
+        conn.execute("SET statement_timeout = '300ms'")
+        received = 0
+        with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+            for _data, ends in snapshot_module.copy_out(conn, query, batch_rows=100):
+                received += len(ends)
+        assert received > 0  # rows went out before the error did
