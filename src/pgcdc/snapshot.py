@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -53,7 +53,9 @@ from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import CreatedSlot, supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
+from pgcdc.connection.sql import peek_binary_changes
 from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
+from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.decoding.values import TypeRegistry
 from pgcdc.errors import (
@@ -65,7 +67,9 @@ from pgcdc.errors import (
     SnapshotError,
 )
 from pgcdc.events import (
+    Begin,
     Column,
+    Delete,
     EncodedRow,
     Event,
     Insert,
@@ -74,6 +78,7 @@ from pgcdc.events import (
     Row,
     Table,
     Truncate,
+    Update,
     encode_tuple_data,
     field_setters,
 )
@@ -89,6 +94,7 @@ __all__ = [
     "SnapshotProgress",
     "SnapshotResult",
     "SnapshotTable",
+    "TableWindow",
     "chunk_pages",
     "copy_chunk",
     "copy_out",
@@ -101,6 +107,7 @@ __all__ = [
     "recopy_tables",
     "snapshot_tables",
     "take_snapshot",
+    "window_changes",
     "with_copy_formats",
 ]
 
@@ -129,6 +136,7 @@ class SnapshotTable:
     pages: int  # heap pages when the snapshot began
     row_filter: str | None = None  # the publications' row filter (OR of them), as SQL
     binary: bool = False  # copied in COPY's binary format
+    filenode: int = 0  # pg_class.relfilenode: a rewrite (VACUUM FULL, CLUSTER) changes it
 
     @property
     def splittable(self) -> bool:
@@ -158,7 +166,7 @@ ORDER BY c.oid
 """
 _RELATIONS = """
 SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relreplident::text, c.relkind::text,
-       pg_relation_size(c.oid) / current_setting('block_size')::bigint
+       pg_relation_size(c.oid) / current_setting('block_size')::bigint, c.relfilenode::bigint
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = ANY(%s::oid[])
 """
@@ -269,7 +277,7 @@ def snapshot_tables(
             columns[oid].append(Column(name, type_oid, typmod, bool(key)))
     result = []
     for oid in oids:
-        namespace, name, identity, relkind, pages = relations[oid]
+        namespace, name, identity, relkind, pages, filenode = relations[oid]
         if relkind not in ("r", "p"):
             raise SnapshotError(
                 f"{namespace}.{name} is not a table (relkind {relkind!r}); pgoutput publishes "
@@ -277,7 +285,7 @@ def snapshot_tables(
             )
         table = Table(namespace, name, tuple(columns[oid]), oid, ReplicaIdentity(identity))
         row_filter = None if published is None else published[oid][1]
-        result.append(SnapshotTable(table, relkind, int(pages), row_filter))
+        result.append(SnapshotTable(table, relkind, int(pages), row_filter, filenode=int(filenode)))
     return result
 
 
@@ -286,11 +294,18 @@ def snapshot_tables(
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One COPY: a table, or the pages [first_page, end_page) of it (end None: to the end)."""
+    """One COPY: a table, or the pages [first_page, end_page) of it (end None: to the end).
+
+    ``keys``: only the rows with these key values (PostgreSQL text forms, in the order of the
+    table's key columns), and only on the pages of ``within`` (page ranges as above; empty:
+    anywhere). A resumed snapshot fetches so the rows inserted since its kept chunks were
+    copied (``pgcdc.spark.snapshot``)."""
 
     table: SnapshotTable
     first_page: int | None = None
     end_page: int | None = None
+    keys: tuple[tuple[str, ...], ...] | None = None
+    within: tuple[tuple[int | None, int | None], ...] = ()
 
 
 def plan_chunks(tables: Sequence[SnapshotTable], chunk_pages: int) -> list[Chunk]:
@@ -313,17 +328,38 @@ def plan_chunks(tables: Sequence[SnapshotTable], chunk_pages: int) -> list[Chunk
     return chunks
 
 
+def _on_pages(first: int | None, end: int | None) -> list[sql.Composable]:
+    """Conditions for the pages [first, end) (None: open)."""
+    conditions: list[sql.Composable] = []
+    if first is not None:
+        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)")))
+    if end is not None:
+        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({end},0)")))
+    return conditions
+
+
 def copy_query(chunk: Chunk) -> sql.Composed:
-    """``COPY (SELECT <published columns> FROM t WHERE <ctid range> AND <row filter>)``."""
+    """``COPY (SELECT <published columns> FROM t WHERE <ctid range> AND <row filter>)``, and
+    for a chunk of ``keys``, ``AND (<key columns>) IN (<keys>) AND <on the pages of within>``
+    (the literals take the key columns' types, so the key's index finds them)."""
     table = chunk.table.table
     columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
-    conditions: list[sql.Composable] = []
-    if chunk.first_page is not None:
-        conditions.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)")))
-    if chunk.end_page is not None:
-        conditions.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({chunk.end_page},0)")))
+    conditions = _on_pages(chunk.first_page, chunk.end_page)
     if chunk.table.row_filter is not None:
         conditions.append(sql.SQL("(" + chunk.table.row_filter + ")"))
+    if chunk.keys is not None:
+        names = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.key_columns)
+        rows = sql.SQL(", ").join(
+            sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Literal, key))) for key in chunk.keys
+        )
+        found = sql.SQL("({}) IN ({})").format(names, rows)
+        conditions.append(found if chunk.keys else sql.SQL("false"))
+    ranges = [
+        sql.SQL("({})").format(sql.SQL(" AND ").join(_on_pages(*r) or [sql.SQL("true")]))
+        for r in chunk.within
+    ]
+    if ranges:
+        conditions.append(sql.SQL("({})").format(sql.SQL(" OR ").join(ranges)))
     where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
     binary = sql.SQL(" (FORMAT binary)" if chunk.table.binary else "")
     return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT{}").format(
@@ -585,6 +621,8 @@ class SnapshotProgress:
 
 def chunk_pages(chunk: Chunk) -> int:
     """The pages a chunk covers as planned (at least 1, so an empty table's chunk counts)."""
+    if chunk.keys is not None:
+        return 1
     first = chunk.first_page or 0
     end = chunk.table.pages if chunk.end_page is None else chunk.end_page
     return max(end - first, 1)
@@ -859,6 +897,82 @@ def exported_slot(
             raise
     finally:
         exporter.close()
+
+
+# --- resuming: what a slot decodes between two snapshots ------------------------------------
+
+# The most pgoutput messages read to learn what changed between two snapshots: beyond, a
+# resumed snapshot copies its tables again instead.
+MAX_WINDOW_MESSAGES = 1_000_000
+
+
+@dataclass
+class TableWindow:
+    """A table's changes committed between two snapshots: the keys its INSERTs wrote (the key
+    columns' text, with the commit LSN), and the last commit LSN of anything else (UPDATE,
+    DELETE, TRUNCATE, or an INSERT whose key pgcdc cannot read back)."""
+
+    inserted: list[tuple[LSN, tuple[str, ...]]] = field(default_factory=list)
+    other_until: LSN | None = None
+
+    def only_inserts_from(self, point: LSN) -> tuple[tuple[str, ...], ...] | None:
+        """The keys inserted by the transactions committed at or after ``point``, or None if
+        they changed the table otherwise too."""
+        if self.other_until is not None and self.other_until >= point:
+            return None
+        return tuple(key for lsn, key in self.inserted if lsn >= point)
+
+
+def window_changes(
+    conninfo: str,
+    slot: str,
+    publications: Sequence[str],
+    upto: LSN,
+    session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
+) -> dict[int, TableWindow] | None:
+    """Per table OID, what the transactions ``slot`` would stream that commit before ``upto``
+    did, read without moving the slot (``pg_logical_slot_peek_binary_changes``, pgoutput
+    protocol 1, text values under the settings the snapshot's COPYs run with, so a key reads
+    back as the same value). None if that is more than MAX_WINDOW_MESSAGES messages."""
+    with (
+        translated(),
+        psycopg.connect(
+            conninfo,
+            options=session_options(conninfo, session_settings),
+            application_name=APPLICATION_NAME,
+            client_encoding="UTF8",
+            autocommit=True,
+        ) as conn,
+    ):
+        options = PgOutputOptions(publications).for_server(conn.info.server_version)
+        rows = peek_binary_changes(
+            conn, slot, upto_lsn=upto, upto_nchanges=MAX_WINDOW_MESSAGES, options=options
+        )
+    if len(rows) >= MAX_WINDOW_MESSAGES:
+        return None
+    decoder = PgOutputDecoder()
+    windows: dict[int, TableWindow] = {}
+    committed: LSN | None = None
+    for row in rows:
+        event = decoder.decode_one(row.data, row.lsn)
+        if isinstance(event, Begin):
+            committed = event.final_lsn
+            continue
+        if committed is None or committed >= upto:
+            continue
+        if isinstance(event, Insert):
+            window = windows.setdefault(event.table.oid, TableWindow())
+            key = tuple(v for v, c in zip(event.new, event.table.columns, strict=True) if c.is_key)
+            if key and all(isinstance(v, str) for v in key):
+                window.inserted.append((committed, key))  # type: ignore[arg-type]
+                continue
+            window.other_until = committed
+        elif isinstance(event, Update | Delete):
+            windows.setdefault(event.table.oid, TableWindow()).other_until = committed
+        elif isinstance(event, Truncate):
+            for table in event.tables:
+                windows.setdefault(table.oid, TableWindow()).other_until = committed
+    return windows
 
 
 @dataclass(frozen=True, slots=True)

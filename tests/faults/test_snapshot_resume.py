@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
@@ -170,3 +171,116 @@ def test_a_killed_snapshot_resumes_without_copying_landed_tables_again(
     assert {r["_commit_lsn"] for r in small_log if r["_op"] == "insert" and r["id"] <= 100} == {
         first_point - 1
     }
+
+
+def _records(lake: Path) -> list[dict[str, Any]]:
+    """The chunk records the snapshot's tasks left under the lake."""
+    root = lake / "_pgcdc_snapshot_progress"
+    return [json.loads(p.read_text()) for p in sorted(root.glob("*/*/*.json"))]
+
+
+def _replayed(changes: list[dict[str, Any]]) -> dict[str, tuple[str, str, str]]:
+    """A changelog applied in commit order: each change once, every insert of a new id, every
+    update and delete of a row it holds."""
+    changes.sort(key=lambda c: (c["_commit_lsn"], c["_seq"]))
+    positions = [(c["_commit_lsn"], c["_seq"]) for c in changes]
+    assert len(positions) == len(set(positions)), "a change landed twice"
+    rows: dict[str, tuple[str, str, str]] = {}
+    for change in changes:
+        if change["_op"] == "delete":
+            key = str(change["_old"]["id"])
+            assert key in rows, f"delete of id {key}, which the changelog never inserted"
+            del rows[key]
+            continue
+        key = str(change["id"])
+        assert (key in rows) == (change["_op"] == "update"), (change["_op"], key)
+        rows[key] = (key, str(change["v"]), str(change["n"]))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+@pytest.mark.parametrize("meanwhile", ["inserts", "updates"])
+def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
+    db: Database, tmp_path: Path, meanwhile: str
+) -> None:
+    """Killed once a chunk of items was copied; rows inserted while nothing runs (on kept
+    pages and on others). The restart keeps the copied chunks, copies the others at a new
+    point and looks the inserted rows up on the kept pages. After an UPDATE as well, it copies
+    the table again whole. Either way the mirror equals the source and the changelog replays
+    to it, each change once."""
+    db.execute(faults.ITEMS)
+    db.execute(
+        "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",
+        (ITEMS_ROWS,),
+    )
+    # Room for a few rows on every page, which the free space map knows: rows inserted while
+    # nothing runs fill the first pages (which the first chunks copied) and then others.
+    db.execute("DELETE FROM items WHERE id % 40 = 0")
+    db.execute("CREATE PUBLICATION cdc FOR TABLE items")
+    db.execute("VACUUM ANALYZE items")
+    config = _config(db, tmp_path)
+    app_id = pipeline.load(config, {}).pipeline().app_id
+    lake = tmp_path / "lake"
+    with (tmp_path / "run.log").open("ab") as sink:
+        child = subprocess.Popen(
+            [*CLI, "pipeline", "run", "--verbose", "--config", str(config), "--once"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: _records(lake) or child.poll() is not None, timeout=300, interval=0.05)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    records = _records(lake)
+    assert records, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
+    assert _snapshot_at(lake, "items", app_id) is None, "items landed before the kill"
+    first_point = int(records[0]["point"])
+    kept = [(r["first_page"] or 0, r["end_page"]) for r in records]
+
+    wait_until(
+        lambda: (
+            db.scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
+            is None
+        ),
+        timeout=120,
+    )
+    db.execute("INSERT INTO items SELECT g, 'meanwhile', 1 FROM generate_series(1, 3000) g")
+    db.execute("INSERT INTO items SELECT g, 'meanwhile', 2 FROM generate_series(3001, 6000) g")
+    if meanwhile == "updates":
+        db.execute("UPDATE items SET n = 3 WHERE id % 1000 = -7")
+    on_kept = {
+        any(first <= page and (end is None or page < end) for first, end in kept)
+        for (page,) in db.execute("SELECT (ctid::text::point)[0]::int FROM items WHERE id > 0")
+    }
+    assert on_kept == {True, False}, "the rows inserted meanwhile are not on kept and other pages"
+
+    restarted = _run(config)
+    assert restarted.returncode == 0, restarted.stdout[-3000:]
+    items_point = _snapshot_at(lake, "items", app_id)
+    assert items_point is not None and items_point > first_point
+    mirror = DeltaTable(str(lake / "public" / "items" / "mirror"))
+    files = {uri.rsplit("/mirror/", 1)[1] for uri in mirror.file_uris()}
+    staged = {add["path"] for r in records for add in r["adds"]["mirror"]}
+    if meanwhile == "inserts":
+        assert "items resumes: " in restarted.stdout, restarted.stdout[-3000:]
+        assert "the rows of 6000 keys inserted since" in restarted.stdout, restarted.stdout[-3000:]
+        assert staged <= files, "a kept chunk was copied again"
+    else:
+        assert "items is copied again whole: rows were updated" in restarted.stdout
+        assert not staged & files
+    assert not _records(lake), "the chunk records outlived the snapshot"
+
+    # The stream goes on from the first point, each change once.
+    db.execute("UPDATE items SET v = 'after' WHERE id % 97 = 0")
+    db.execute("DELETE FROM items WHERE id % 89 = 0")
+    db.execute("INSERT INTO items SELECT g, 'after', 4 FROM generate_series(7001, 7100) g")
+    finished = _run(config)
+    assert finished.returncode == 0, finished.stdout[-3000:]
+    source = faults._source_rows(db.conninfo())
+    assert faults._mirror(lake) == source
+    changelog = read_table(lake / "public" / "items" / "changelog").to_pylist()
+    assert _replayed(changelog) == source

@@ -91,3 +91,16 @@ def test_copy_query_quotes_names_and_adds_ranges_and_filter() -> None:
     assert copy_query(Chunk(_spec(1))).as_string() == (
         'COPY (SELECT "id", "Mixed" FROM "public"."t1") TO STDOUT'
     )
+
+
+def test_copy_query_of_keys_on_some_pages() -> None:
+    text = copy_query(
+        Chunk(_spec(1000), keys=(("1",), ("it's",)), within=((0, 300), (900, None)))
+    ).as_string()
+    assert text == (
+        'COPY (SELECT "id", "Mixed" FROM "public"."t1000" WHERE ("id") IN ((\'1\'), (\'it\'\'s\')) '
+        "AND ((ctid >= '(0,0)'::tid AND ctid < '(300,0)'::tid) OR (ctid >= '(900,0)'::tid))) "
+        "TO STDOUT"
+    )
+    nothing = copy_query(Chunk(_spec(1000), keys=(), within=((None, None),))).as_string()
+    assert nothing.endswith("WHERE false AND ((true))) TO STDOUT")

@@ -19,6 +19,7 @@ from pgcdc.decoding.values import row_to_python
 from pgcdc.errors import PublicationNotFound, SlotAlreadyExists, SnapshotError
 from pgcdc.events import Insert, Relation, ReplicaIdentity, Table
 from pgcdc.localpg import wait_until
+from pgcdc.lsn import LSN
 from pgcdc.snapshot import SnapshotProgress, plan_chunks, snapshot_tables, take_snapshot
 from tests.conftest import Database
 
@@ -436,3 +437,61 @@ def test_a_copy_the_server_ends_with_an_error_raises_it(db: Database) -> None:
             for _data, ends in snapshot_module.copy_out(conn, query, batch_rows=100):
                 received += len(ends)
         assert received > 0  # rows went out before the error did
+
+
+def test_the_window_says_which_tables_only_had_inserts_and_their_keys_fetch_the_rows(
+    db: Database,
+) -> None:
+    """``window_changes`` reads, without moving the slot, what a resumed snapshot must know of
+    the changes since its kept chunks: per table, the keys INSERTs wrote (as text that reads
+    back as the same value, however awkward) or that anything else happened; a chunk of those
+    keys fetches exactly those rows, on the pages asked for."""
+    db.execute(
+        "CREATE TABLE ins (id int PRIMARY KEY, v text);"
+        "CREATE TABLE two (k text, at timestamptz, v int, PRIMARY KEY (k, at));"
+        "CREATE TABLE upd (id int PRIMARY KEY, v text);"
+        "CREATE TABLE gone (id int PRIMARY KEY);"
+        "INSERT INTO upd VALUES (1, 'a'); INSERT INTO gone VALUES (1);"
+        "CREATE PUBLICATION pub FOR TABLE ins, two, upd, gone"
+    )
+    db.execute("SELECT pg_create_logical_replication_slot('win', 'pgoutput')")
+    start = LSN.parse(db.scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots"))
+    awkward = "it's a \\ tab\there ünï 😀"
+    db.execute("INSERT INTO ins SELECT g, 'x' FROM generate_series(1, 5) g")
+    db.execute("INSERT INTO two VALUES (%s, '2024-02-29 23:59:59.999999+14', 1)", (awkward,))
+    db.execute("UPDATE upd SET v = 'b'")
+    middle = current_lsn(db)
+    db.execute("INSERT INTO ins VALUES (6, 'y')")
+    db.execute("TRUNCATE gone")
+    end = current_lsn(db)
+    db.execute("INSERT INTO ins VALUES (7, 'after the window')")
+
+    windows = snapshot_module.window_changes(db.conninfo(), "win", ["pub"], end)
+    assert windows is not None
+    oids = dict(db.execute("SELECT relname::text, oid::bigint FROM pg_class WHERE relkind = 'r'"))
+    assert windows[oids["ins"]].only_inserts_from(start) == tuple((str(i),) for i in range(1, 7))
+    assert windows[oids["ins"]].only_inserts_from(middle) == (("6",),)
+    assert windows[oids["upd"]].only_inserts_from(start) is None
+    assert windows[oids["upd"]].only_inserts_from(middle) == ()
+    assert windows[oids["gone"]].only_inserts_from(middle) is None
+    inserted = windows[oids["two"]].only_inserts_from(start)
+    assert inserted is not None and len(inserted) == 1
+    [(key, at)] = inserted
+    assert key == awkward
+    # The slot did not move.
+    assert db.scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots") == str(start)
+
+    with db.connect() as conn:
+        specs = {s.table.name: s for s in snapshot_tables(conn, None, ["pub"])}
+        fetched = snapshot_module.copy_query(
+            snapshot_module.Chunk(specs["two"], keys=((awkward, at), ("absent", at)))
+        )
+        with conn.cursor().copy(fetched) as copy:
+            rows = list(copy.rows())
+        assert rows == [(awkward, db.scalar("SELECT at::text FROM two"), "1")]
+        ids = sorted(r[0] for r in db.execute("SELECT id FROM ins"))
+        on_no_page = snapshot_module.Chunk(
+            specs["ins"], keys=tuple((str(i),) for i in ids), within=((1, None),)
+        )
+        with conn.cursor().copy(snapshot_module.copy_query(on_no_page)) as copy:
+            assert list(copy.rows()) == []  # every row is on page 0

@@ -20,7 +20,7 @@ from pgcdc.changelog import ChangeLog
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark import snapshot as spark_snapshot
 from pgcdc.spark.pipeline import spark_session
-from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX
+from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX, _remaining
 from tests.conftest import Database
 from tests.snapshot.test_copy_binary import EVERY_TYPE
 
@@ -166,3 +166,21 @@ def test_a_lake_table_holding_rows_is_refused_not_added_to(
 
     mirror = DeltaTable(lake_path(Path(first.lake), "public.t", SinkKind.MIRROR))
     assert mirror.transaction_version(first.pipeline().app_id + SNAPSHOT_APP_SUFFIX) is not None
+
+
+def test_a_resume_copies_the_pages_outside_the_kept_chunks_in_chunks_ending_open() -> None:
+    assert _remaining([(0, 128), (256, 384)], 500, 100) == [
+        (128, 228),
+        (228, 256),
+        (384, 484),
+        (484, None),
+    ]
+    assert _remaining([(128, 256), (384, None)], 500, 100) == [
+        (0, 100),
+        (100, 128),
+        (256, 356),
+        (356, 384),
+    ]
+    assert _remaining([(None, None)], 500, 100) == []  # a whole table kept
+    assert _remaining([], 50, 100) == [(0, None)]
+    assert _remaining([(0, 128)], 100, 100) == [(128, None)]  # no page added since

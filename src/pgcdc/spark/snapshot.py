@@ -10,15 +10,19 @@ the driver, which commits each Delta table's in one transaction: a table's snaps
 whole or not at all, and its rows never pass through the driver or the change log. The
 receiver then streams the slot from its consistent point: no gap, no overlap.
 
-A crash of the driver ends the exported snapshot (it dies with its connection), so the next run
-drops the slot and takes the snapshot again (``pgcdc.pipeline.claim_slot``); a table an earlier
-attempt committed is replaced by the new commit, never added to. A failed task is retried by
-Spark inside the same snapshot, its earlier files left unreferenced.
+A crash of the driver ends the exported snapshot (it dies with its connection). The next run
+resumes from the slot (``pgcdc.pipeline.claim_slot``): the tables committed stay, the others
+are copied under a new snapshot at a later point, whose earlier changes the sinks skip for them.
+A table under way keeps the chunks its tasks recorded (``_record``) when it only had INSERTs
+since (``_resumed``). A table an earlier attempt half-wrote is replaced by the new commit, never
+added to. A failed task is retried by Spark inside the same snapshot, its earlier files left
+unreferenced.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
 import threading
@@ -32,6 +36,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding import columnar
@@ -39,7 +44,7 @@ from pgcdc.decoding.arrow import DEFAULT_OPTIONS, framed_to_arrow
 from pgcdc.decoding.copybinary import CopyBinaryReader, frame_copy
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.errors import PgcdcError, SinkError, SnapshotError, portable
-from pgcdc.events import Table
+from pgcdc.events import ReplicaIdentity, Table
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS
 from pgcdc.sinks import keys
@@ -55,10 +60,12 @@ from pgcdc.sinks.kinds import SinkKind
 from pgcdc.sinks.staged import commit, stage
 from pgcdc.snapshot import (
     DEFAULT_CHUNK_PAGES,
+    MAX_WINDOW_MESSAGES,
     PROGRESS_SECONDS,
     Chunk,
     SnapshotResult,
     SnapshotTable,
+    TableWindow,
     chunk_pages,
     copy_chunk,
     copy_out,
@@ -67,11 +74,12 @@ from pgcdc.snapshot import (
     open_worker,
     plan_chunks,
     plan_snapshot,
+    window_changes,
 )
 from pgcdc.spark.changes import insert_changes, tuples_to_arrow
 from pgcdc.spark.pipeline import PipelineConfig, make_sink
 from pgcdc.spark.source import spec_for
-from pgcdc.storage import StorageOptions
+from pgcdc.storage import StorageOptions, filesystem
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,12 @@ MIN_CHUNK_PAGES = 128
 # The most tuples a heap page of 8 kB holds (PostgreSQL's MaxHeapTuplesPerPage): a chunk of
 # n pages holds at most n times as many rows, which numbers the chunks' rows apart.
 MAX_TUPLES_PER_PAGE = 291
+# Where tasks record the chunks they staged, for a resume to keep: under the lake, a directory
+# per pipeline and snapshot point, a file per chunk.
+PROGRESS_DIRECTORY = "_pgcdc_snapshot_progress"
+# The most rows inserted since kept chunks were copied that a resume fetches by key; a table
+# with more is copied again.
+MAX_FETCHED_KEYS = 10_000
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,9 @@ class _CopyJob:
     types: dict[int, TypeInfo]
     targets: dict[str, tuple[_Target, ...]]
     storage: StorageOptions
+    # Where the tasks record their chunks (``_record``), and what each table's rows depend on.
+    progress: str | None = None
+    identities: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,7 +222,200 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
         target.kind: stage(target.path, built[target.kind], target.schema, job.storage)
         for target in targets
     }
-    return _Copied(table.qualified_name, typed.num_rows, read, adds)
+    copied = _Copied(table.qualified_name, typed.num_rows, read, adds)
+    if job.progress is not None and chunk.keys is None:
+        _record(job, chunk, copied)
+    return copied
+
+
+def _identity(spec: SnapshotTable) -> dict[str, Any]:
+    """What a chunk's copied rows depend on besides the snapshot: a table whose identity
+    changed since (ALTER TABLE, a publication's row filter, a rewrite by VACUUM FULL or
+    CLUSTER, which moves rows between pages) is copied again, not resumed."""
+    return {
+        "oid": spec.table.oid,
+        "filenode": spec.filenode,
+        "columns": [[c.name, c.type_oid, c.type_modifier, c.is_key] for c in spec.table.columns],
+        "row_filter": spec.row_filter,
+    }
+
+
+def _record(job: _CopyJob, chunk: Chunk, copied: _Copied) -> None:
+    """Record, once its files are staged, that the chunk is copied: written whole under a
+    temporary name and then moved, so a crash leaves no half record."""
+    assert job.progress is not None
+    fs, root = filesystem(job.progress, job.storage or None)
+    record = {
+        "point": job.consistent_point,
+        "identity": job.identities[copied.table],
+        "first_page": chunk.first_page,
+        "end_page": chunk.end_page,
+        "rows": copied.rows,
+        "bytes": copied.bytes,
+        "adds": {kind.value: adds for kind, adds in copied.adds.items()},
+    }
+    name = f"{root}/{chunk.table.table.oid}-{chunk.first_page or 0}"
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(name + ".tmp") as out:
+        out.write(json.dumps(record).encode())
+    fs.move(name + ".tmp", name + ".json")
+
+
+def _progress_root(config: PipelineConfig) -> str:
+    return f"{config.lake.rstrip('/')}/{PROGRESS_DIRECTORY}/{config.app_id}"
+
+
+def _forget_progress(config: PipelineConfig) -> None:
+    fs, root = filesystem(_progress_root(config), config.storage or None)
+    if fs.get_file_info(root).type != pafs.FileType.NotFound:
+        fs.delete_dir(root)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A table's chunks an interrupted attempt staged at ``point``, which its commit keeps."""
+
+    point: int
+    ranges: tuple[tuple[int | None, int | None], ...]
+    rows: int
+    bytes: int
+    adds: dict[SinkKind, list[dict[str, Any]]]
+
+
+def _recorded(config: PipelineConfig, since: int) -> dict[int, list[dict[str, Any]]]:
+    """Per table OID, the chunk records of the newest snapshot point at or after ``since``
+    that has any (records a crash cut short are left out: their chunks are copied again)."""
+    fs, root = filesystem(_progress_root(config), config.storage or None)
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    found: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+            continue
+        try:
+            with fs.open_input_stream(info.path) as stream:
+                record = json.loads(stream.read())
+            point, oid = int(record["point"]), int(record["identity"]["oid"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning(
+                "initial snapshot: %s is unreadable (%s); its chunk is copied again",
+                info.path,
+                error,
+            )
+            continue
+        if point >= since:
+            found[oid][point].append(record)
+    return {oid: by_point[max(by_point)] for oid, by_point in found.items()}
+
+
+def _remaining(
+    kept: Sequence[tuple[int | None, int | None]], pages: int, pages_per_chunk: int
+) -> list[tuple[int, int | None]]:
+    """The page ranges outside ``kept``, as chunks of at most ``pages_per_chunk`` pages (by
+    the table's ``pages`` now); the last one open-ended, as ``plan_chunks`` makes them."""
+    gaps: list[tuple[int, int | None]] = []
+    after: int | None = 0  # the first page no kept range covers
+    for first, end in sorted((first or 0, end) for first, end in kept):
+        assert after is not None
+        if first > after:
+            gaps.append((after, first))
+        if end is None:
+            after = None
+            break
+        after = max(after, end)
+    if after is not None:
+        gaps.append((after, None))
+    chunks: list[tuple[int, int | None]] = []
+    for start, end in gaps:
+        stop = max(pages, start) if end is None else end
+        starts = range(start, stop, pages_per_chunk)
+        chunks += [(at, at + pages_per_chunk) for at in starts[:-1]]
+        chunks.append((starts[-1] if starts else start, end))
+    return chunks
+
+
+def _why_copied_again(
+    spec: SnapshotTable,
+    records: Sequence[dict[str, Any]],
+    window: TableWindow | None,
+    counts_copies: bool,
+) -> str | None:
+    """Why a table's kept chunks cannot be kept, or None. They hold its rows at their point P;
+    every other chunk is copied at the new point C. A row an UPDATE or DELETE changed between P
+    and C may sit in a kept chunk as it was at P (or have moved between chunks), so only a
+    table that only had INSERTs since P resumes: its inserted rows that landed on kept pages
+    are fetched by key at C."""
+    if window is None:
+        return f"more than {MAX_WINDOW_MESSAGES} changes were made since its chunks were copied"
+    if any(r["identity"] != _identity(spec) for r in records):
+        return "its definition or its storage (VACUUM FULL, CLUSTER) changed since"
+    if counts_copies or spec.table.replica_identity not in (
+        ReplicaIdentity.DEFAULT,
+        ReplicaIdentity.INDEX,
+    ):
+        return "its rows have no key to fetch the rows inserted since by"
+    keys = window.only_inserts_from(LSN(records[0]["point"]))
+    if keys is None:
+        return "rows were updated, deleted or truncated since its chunks were copied"
+    if len(keys) > MAX_FETCHED_KEYS:
+        return f"{len(keys)} rows were inserted since, more than {MAX_FETCHED_KEYS} to fetch by key"
+    return None
+
+
+def _resumed(
+    config: PipelineConfig,
+    *,
+    conninfo: str,
+    slot: str,
+    publications: Sequence[str],
+    session_settings: Mapping[str, str] | None,
+    resume_from: LSN,
+    point: LSN,
+    tables: Sequence[SnapshotTable],
+    copies_counted: Sequence[SnapshotTable],
+    pages_per_chunk: int,
+) -> tuple[dict[str, _Kept], list[Chunk]]:
+    """The chunks an interrupted attempt copied that the new one keeps, per table, and the
+    chunks left to copy for those tables (see ``_why_copied_again``)."""
+    recorded = _recorded(config, int(resume_from))
+    wanted = [spec for spec in tables if spec.table.oid in recorded]
+    if not wanted:
+        return {}, []
+    windows = window_changes(conninfo, slot, publications, point, session_settings)
+    kept: dict[str, _Kept] = {}
+    chunks: list[Chunk] = []
+    for spec in wanted:
+        records = recorded[spec.table.oid]
+        name = spec.table.qualified_name
+        window = None if windows is None else windows.get(spec.table.oid, TableWindow())
+        reason = _why_copied_again(spec, records, window, spec in copies_counted)
+        if reason is not None:
+            log.info("initial snapshot: %s is copied again whole: %s", name, reason)
+            continue
+        assert window is not None
+        at = LSN(records[0]["point"])
+        keys = window.only_inserts_from(at) or ()
+        ranges = tuple((r["first_page"], r["end_page"]) for r in records)
+        adds: dict[SinkKind, list[dict[str, Any]]] = defaultdict(list)
+        for record in records:
+            for kind, staged in record["adds"].items():
+                adds[SinkKind(kind)] += staged
+        kept[name] = _Kept(
+            int(at), ranges, sum(r["rows"] for r in records), sum(r["bytes"] for r in records), adds
+        )
+        left = _remaining(ranges, spec.pages, pages_per_chunk)
+        chunks += [Chunk(spec, first, end) for first, end in left]
+        if keys:
+            chunks.append(Chunk(spec, keys=keys, within=ranges))
+        log.info(
+            "initial snapshot: %s resumes: %d chunks kept (copied at %s), %d to copy, and the "
+            "rows of %d keys inserted since looked up on the kept pages",
+            name,
+            len(ranges),
+            at,
+            len(left),
+            len(keys),
+        )
+    return kept, chunks
 
 
 def _replaces(delta: Any, path: str, app_id: str) -> bool:
@@ -275,7 +485,9 @@ def _jobs(chunks: Sequence[Chunk], pages_per_chunk: int, slots: int) -> list[lis
     jobs: list[list[_Task]] = []
     current: list[_Task] = []
     for own in sorted(by_table.values(), key=lambda own: sum(map(chunk_pages, own))):
-        own.sort(key=lambda c: c.first_page or 0)
+        # A resumed table's chunk of fetched keys first: its few rows never outgrow their
+        # numbers, as the open-ended last chunk may.
+        own.sort(key=lambda c: (c.keys is None, c.first_page or 0))
         if len(own) >= enough and current:  # a table with tasks enough: a job of its own
             jobs.append(current)
             current = []
@@ -379,6 +591,8 @@ def land_initial_snapshot(
             types=plan.types,
             targets={},
             storage=config.storage,
+            progress=f"{_progress_root(config)}/{int(created.consistent_point):016X}",
+            identities={s.table.qualified_name: _identity(s) for s in plan.tables},
         )
         sink = make_sink(config)
         replaces: dict[tuple[str, SinkKind], bool] = {}
@@ -396,9 +610,26 @@ def land_initial_snapshot(
                 whole.append(spec)
         slots = spark.sparkContext.defaultParallelism
         pages = pages_per_chunk or _pages_per_chunk(todo, slots)
-        split = [s for s in todo if s not in whole]
+        kept: dict[str, _Kept] = {}
+        resumed: list[Chunk] = []
+        if resume_from is None:
+            _forget_progress(config)  # an earlier snapshot's records, its slot dropped
+        else:
+            kept, resumed = _resumed(
+                config,
+                conninfo=conninfo,
+                slot=slot,
+                publications=publications,
+                session_settings=settings,
+                resume_from=resume_from,
+                point=created.consistent_point,
+                tables=todo,
+                copies_counted=whole,
+                pages_per_chunk=pages,
+            )
+        split = [s for s in todo if s not in whole and s.table.qualified_name not in kept]
         # Keyless REPLICA IDENTITY FULL tables number identical rows: one task sees them all.
-        chunks = plan_chunks(split, pages) + [Chunk(s) for s in whole]
+        chunks = plan_chunks(split, pages) + [Chunk(s) for s in whole] + resumed
         if resume_from is not None:
             log.info(
                 "initial snapshot resumed: %d of %d tables landed already; the other %d at %s",
@@ -422,10 +653,11 @@ def land_initial_snapshot(
                 for kind, staged in result.adds.items():
                     adds[(result.table, kind)] += staged
             for name in dict.fromkeys(r.table for r in results):
+                earlier = kept[name].adds if name in kept else {}
                 for target in job.targets[name]:
                     commit(
                         target.path,
-                        adds[(name, target.kind)],
+                        earlier.get(target.kind, []) + adds[(name, target.kind)],
                         replace=replaces[(name, target.kind)],
                         app_id=app_id,
                         version=job.consistent_point,
@@ -433,7 +665,12 @@ def land_initial_snapshot(
                     )
                 committed.append(name)
 
+        # Tables whose every chunk was kept have no task: they land at once.
+        chunked = {c.table.table.qualified_name for c in chunks}
+        land([_Copied(name) for name in kept if name not in chunked])
         copied = _run_tasks(spark, job, jobs, land)
+        _forget_progress(config)
+    copied += [_Copied(name, k.rows, k.bytes) for name, k in kept.items()]
     rows = sum(r.rows for r in copied)
     log.info(
         "initial snapshot: %d rows of %d tables landed in %.1f s",
