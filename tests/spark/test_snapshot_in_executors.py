@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,17 @@ import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
+from pgcdc.decoding.arrow import DEFAULT_OPTIONS
+from pgcdc.events import Column, Table, encode_tuple_data
 from pgcdc.sinks import SinkKind, read_table
+from pgcdc.sinks.delta import ensure_table, initial_rows, prepare, table_schema
+from pgcdc.sinks.staged import commit, stage
 from pgcdc.spark import snapshot as spark_snapshot
+from pgcdc.spark.changes import insert_changes, tuples_to_arrow
 from pgcdc.spark.pipeline import spark_session
-from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX, _remaining
+from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX, _may_hold, _remaining
+from pgcdc.spark.source import spec_for
+from pgcdc.storage import StorageOptions
 from tests.conftest import Database
 from tests.snapshot.test_copy_binary import EVERY_TYPE
 
@@ -184,3 +192,40 @@ def test_a_resume_copies_the_pages_outside_the_kept_chunks_in_chunks_ending_open
     assert _remaining([(None, None)], 500, 100) == []  # a whole table kept
     assert _remaining([], 50, 100) == [(0, None)]
     assert _remaining([(0, 128)], 100, 100) == [(128, None)]  # no page added since
+
+
+def test_a_chunk_numbered_past_what_a_uint32_counts_lands_its_seq(tmp_path: Path) -> None:
+    """A table of more than 2**32 / 291 pages (about 115 GiB) numbers its last chunks' rows past
+    a uint32: ``_seq`` is an int64 from the change table to the Delta tables."""
+    table = Table("public", "big", (Column("id", 20, -1, True), Column("v", 25)), 1)
+    rows = pa.array([encode_tuple_data((str(i), "v")) for i in (1, 2)], pa.binary())
+    typed = tuples_to_arrow(table, rows, DEFAULT_OPTIONS, {})
+    first = 2**40
+    changes = insert_changes(
+        table,
+        typed,
+        commit_lsn=99,
+        lsn=100,
+        commit_time=datetime.now(UTC),
+        types={},
+        first_seq=first,
+    )
+    dspec, prepared = prepare(spec_for(table, changes.schema), changes)
+    kinds = [SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY]
+    built = initial_rows(kinds, dspec, prepared)
+    for kind in kinds:
+        path = str(tmp_path / kind.value)
+        delta = ensure_table(path, kind, dspec, None)
+        adds = stage(path, built[kind], table_schema(delta), StorageOptions())
+        commit(path, adds, replace=False, app_id="a", version=1, storage=StorageOptions())
+    landed = read_table(tmp_path / "changelog").sort_by("id")
+    assert landed["_seq"].to_pylist() == [first, first + 1]
+
+
+def test_a_recorded_chunk_may_hold_the_keys_between_its_least_and_greatest() -> None:
+    record = {"key_range": [b"V2:10".hex(), b"V2:20".hex()]}
+    assert _may_hold(record, [b"V2:10"]) and _may_hold(record, [b"V2:20"])
+    assert _may_hold(record, [b"V1:5", b"V2:15", b"V3:100"])
+    assert not _may_hold(record, [b"V1:5", b"V2:21", b"V3:100"])
+    assert not _may_hold(record, [])
+    assert not _may_hold({"key_range": None}, [b"V2:15"])  # a chunk without rows

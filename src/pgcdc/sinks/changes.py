@@ -8,7 +8,9 @@ column              type                       meaning
 ==================  =========================  =================================================
 ``_op``             string                     ``insert``, ``update``, ``delete``, ``truncate``
 ``_commit_lsn``     uint64                     commit LSN of the transaction
-``_seq``            uint32                     position of the change in its transaction
+``_seq``            int64                      position of the change in its transaction (an
+                                               initial snapshot, one transaction, may hold
+                                               more rows than a uint32 counts)
 ``_lsn``            uint64                     LSN of the change itself
 ``_xid``            int64, nullable            transaction id, when the plugin sent one
 ``_commit_time``    timestamp[us, UTC]         commit time of the transaction
@@ -65,7 +67,7 @@ TEXT_TYPE = pa.map_(pa.string(), pa.string())
 METADATA_FIELDS: tuple[pa.Field, ...] = (
     pa.field(OP, pa.string(), nullable=False),
     pa.field(COMMIT_LSN, pa.uint64(), nullable=False),
-    pa.field(SEQ, pa.uint32(), nullable=False),
+    pa.field(SEQ, pa.int64(), nullable=False),
     pa.field(LSN_COLUMN, pa.uint64(), nullable=False),
     pa.field(XID, pa.int64()),
     pa.field(COMMIT_TIME, COMMIT_TIME_TYPE, nullable=False),

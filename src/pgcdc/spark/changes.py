@@ -32,7 +32,7 @@ from pgcdc.decoding.arrow import (
     rows_to_arrow,
 )
 from pgcdc.decoding.pgtypes import TypeInfo
-from pgcdc.errors import CorruptChangeLog, DecodeError, InvalidChangeBatch
+from pgcdc.errors import CorruptChangeLog, DecodeError
 from pgcdc.events import (
     Delete,
     EncodedRow,
@@ -157,7 +157,7 @@ def _typed(
     metadata = [
         ops,
         rows.column("commit_lsn"),
-        rows.column("seq"),
+        rows.column("seq").cast(pa.int64()),
         rows.column("lsn"),
         rows.column("xid").cast(pa.int64()),
         commit_time,
@@ -210,15 +210,11 @@ def insert_changes(
     ``_typed`` makes of such rows logged: an initial snapshot's chunk copied outside the change
     log. ``_seq`` counts up from ``first_seq``."""
     count = typed.num_rows
-    if first_seq + count > 2**32:
-        raise InvalidChangeBatch(
-            f"{table.qualified_name}: _seq {first_seq + count - 1} does not fit its uint32"
-        )
     old = _old_struct(table, pa.nulls(count, pa.binary()), options, types)
     metadata = [
         pa.repeat(pa.scalar(c.INSERT, pa.string()), count),
         pa.repeat(pa.scalar(commit_lsn, pa.uint64()), count),
-        pa.array(np.arange(first_seq, first_seq + count, dtype=np.uint32)),
+        pa.array(np.arange(first_seq, first_seq + count, dtype=np.int64)),
         pa.repeat(pa.scalar(lsn, pa.uint64()), count),
         pa.nulls(count, pa.int64()),
         pa.repeat(pa.scalar(commit_time, c.COMMIT_TIME_TYPE), count),
@@ -315,7 +311,7 @@ def _build(run: _Run, options: ArrowOptions, types: Mapping[int, TypeInfo]) -> T
     arrays += [
         pa.array(run.ops, pa.string()),
         pa.array(run.commit_lsn, pa.uint64()),
-        pa.array(run.seq, pa.uint32()),
+        pa.array(run.seq, pa.int64()),
         pa.array(run.lsn, pa.uint64()),
         pa.array(run.xid, pa.int64()),
         pa.array(run.commit_time, c.COMMIT_TIME_TYPE),
