@@ -90,6 +90,7 @@ __all__ = [
     "COPY_FORMATS",
     "DEFAULT_CHUNK_PAGES",
     "Chunk",
+    "Key",
     "SnapshotPlan",
     "SnapshotProgress",
     "SnapshotResult",
@@ -298,8 +299,8 @@ class Chunk:
 
     ``keys``: only the rows with these key values (PostgreSQL text forms, in the order of the
     table's key columns), and only on the pages of ``within`` (page ranges as above; empty:
-    anywhere). A resumed snapshot fetches so the rows inserted since its kept chunks were
-    copied (``pgcdc.spark.snapshot``)."""
+    anywhere). A resumed snapshot fetches so the rows inserted or changed since its kept
+    chunks were copied (``pgcdc.spark.snapshot``)."""
 
     table: SnapshotTable
     first_page: int | None = None
@@ -906,21 +907,41 @@ def exported_slot(
 MAX_WINDOW_MESSAGES = 1_000_000
 
 
+Key = tuple[str, ...]  # a row's key columns, as PostgreSQL text
+
+
 @dataclass
 class TableWindow:
-    """A table's changes committed between two snapshots: the keys its INSERTs wrote (the key
-    columns' text, with the commit LSN), and the last commit LSN of anything else (UPDATE,
-    DELETE, TRUNCATE, or an INSERT whose key pgcdc cannot read back)."""
+    """A table's changes committed between two snapshots, by commit LSN: the keys INSERTs
+    wrote, the keys UPDATEs and DELETEs changed (old and new: rows that may have existed
+    before), and the last commit of a change that cannot be told by key (a TRUNCATE, or a key
+    pgcdc cannot read back, such as an unchanged TOASTed one)."""
 
-    inserted: list[tuple[LSN, tuple[str, ...]]] = field(default_factory=list)
-    other_until: LSN | None = None
+    inserted: list[tuple[LSN, Key]] = field(default_factory=list)
+    changed: list[tuple[LSN, Key]] = field(default_factory=list)
+    unkeyed_until: LSN | None = None
 
-    def only_inserts_from(self, point: LSN) -> tuple[tuple[str, ...], ...] | None:
-        """The keys inserted by the transactions committed at or after ``point``, or None if
-        they changed the table otherwise too."""
-        if self.other_until is not None and self.other_until >= point:
+    def since(self, point: LSN) -> tuple[tuple[Key, ...], tuple[Key, ...]] | None:
+        """The keys inserted and the keys changed by the transactions committed at or after
+        ``point``; None if a change there cannot be told by key."""
+        if self.unkeyed_until is not None and self.unkeyed_until >= point:
             return None
-        return tuple(key for lsn, key in self.inserted if lsn >= point)
+        inserted = tuple(dict.fromkeys(key for lsn, key in self.inserted if lsn >= point))
+        changed = tuple(dict.fromkeys(key for lsn, key in self.changed if lsn >= point))
+        return inserted, changed
+
+
+def _key_of(table: Table, *rows: Row | None) -> Key | None:
+    """The key columns' text from the first of ``rows`` that sent each, or None."""
+    key: list[str] = []
+    for index, column in enumerate(table.columns):
+        if not column.is_key:
+            continue
+        sent = [v for row in rows if row is not None and isinstance(v := row[index], str)]
+        if not sent:
+            return None
+        key.append(sent[0])
+    return tuple(key) if key else None
 
 
 def window_changes(
@@ -930,10 +951,11 @@ def window_changes(
     upto: LSN,
     session_settings: Mapping[str, str] | None = DEFAULT_SESSION_SETTINGS,
 ) -> dict[int, TableWindow] | None:
-    """Per table OID, what the transactions ``slot`` would stream that commit before ``upto``
-    did, read without moving the slot (``pg_logical_slot_peek_binary_changes``, pgoutput
-    protocol 1, text values under the settings the snapshot's COPYs run with, so a key reads
-    back as the same value). None if that is more than MAX_WINDOW_MESSAGES messages."""
+    """Per table OID, the keys the transactions ``slot`` would stream that commit before
+    ``upto`` inserted or changed (``TableWindow``), read without moving the slot
+    (``pg_logical_slot_peek_binary_changes``, pgoutput protocol 1, text values under the
+    settings the snapshot's COPYs run with, so a key reads back as the same value). None if
+    that is more than MAX_WINDOW_MESSAGES messages."""
     with (
         translated(),
         psycopg.connect(
@@ -960,18 +982,22 @@ def window_changes(
             continue
         if committed is None or committed >= upto:
             continue
-        if isinstance(event, Insert):
+        if isinstance(event, Insert | Update | Delete):
             window = windows.setdefault(event.table.oid, TableWindow())
-            key = tuple(v for v, c in zip(event.new, event.table.columns, strict=True) if c.is_key)
-            if key and all(isinstance(v, str) for v in key):
-                window.inserted.append((committed, key))  # type: ignore[arg-type]
-                continue
-            window.other_until = committed
-        elif isinstance(event, Update | Delete):
-            windows.setdefault(event.table.oid, TableWindow()).other_until = committed
+            new = None if isinstance(event, Delete) else event.new
+            old = None if isinstance(event, Insert) else event.old
+            found = [_key_of(event.table, new, old)] if new is not None else []
+            found += [_key_of(event.table, old)] if old is not None else []
+            keys = [key for key in found if key is not None]
+            if not keys or len(keys) < len(found):
+                window.unkeyed_until = committed
+            elif isinstance(event, Insert):
+                window.inserted.append((committed, keys[0]))
+            else:
+                window.changed += [(committed, key) for key in keys]
         elif isinstance(event, Truncate):
             for table in event.tables:
-                windows.setdefault(table.oid, TableWindow()).other_until = committed
+                windows.setdefault(table.oid, TableWindow()).unkeyed_until = committed
     return windows
 
 

@@ -201,15 +201,15 @@ def _replayed(changes: list[dict[str, Any]]) -> dict[str, tuple[str, str, str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
-@pytest.mark.parametrize("meanwhile", ["inserts", "updates"])
+@pytest.mark.parametrize("meanwhile", ["inserts", "changes elsewhere", "changes on kept pages"])
 def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     db: Database, tmp_path: Path, meanwhile: str
 ) -> None:
     """Killed once a chunk of items was copied; rows inserted while nothing runs (on kept
-    pages and on others). The restart keeps the copied chunks, copies the others at a new
-    point and looks the inserted rows up on the kept pages. After an UPDATE as well, it copies
-    the table again whole. Either way the mirror equals the source and the changelog replays
-    to it, each change once."""
+    pages and on others), and maybe updated and deleted. The restart keeps the chunks copied
+    unless they may hold a row changed since, copies the other pages at a new point and looks
+    the rows inserted or changed since up by key on the kept pages. Either way the mirror
+    equals the source and the changelog replays to it, each change once."""
     db.execute(faults.ITEMS)
     db.execute(
         "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",
@@ -248,15 +248,28 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
         ),
         timeout=120,
     )
+    if meanwhile == "changes elsewhere":  # rows of the last pages, which no kept chunk holds
+        db.execute("UPDATE items SET n = 3 WHERE id BETWEEN -399999 AND -390000 AND id % 7 = 0")
+        db.execute("DELETE FROM items WHERE id BETWEEN -399999 AND -390000 AND id % 11 = 0")
+    elif meanwhile == "changes on kept pages":  # a row of each kept chunk
+        for first, _ in kept:
+            db.execute(
+                "UPDATE items SET n = 5 WHERE id = (SELECT id FROM items WHERE ctid >= %s::tid "
+                "AND ctid < %s::tid AND id < 0 LIMIT 1)",
+                (f"({first},0)", f"({first + 1},0)"),
+            )
     db.execute("INSERT INTO items SELECT g, 'meanwhile', 1 FROM generate_series(1, 3000) g")
     db.execute("INSERT INTO items SELECT g, 'meanwhile', 2 FROM generate_series(3001, 6000) g")
-    if meanwhile == "updates":
-        db.execute("UPDATE items SET n = 3 WHERE id % 1000 = -7")
-    on_kept = {
-        any(first <= page and (end is None or page < end) for first, end in kept)
-        for (page,) in db.execute("SELECT (ctid::text::point)[0]::int FROM items WHERE id > 0")
-    }
-    assert on_kept == {True, False}, "the rows inserted meanwhile are not on kept and other pages"
+
+    def on_kept(where: str) -> set[bool]:
+        return {
+            any(first <= page and (end is None or page < end) for first, end in kept)
+            for (page,) in db.execute(f"SELECT (ctid::text::point)[0]::int FROM items {where}")
+        }
+
+    assert on_kept("WHERE id > 0") == {True, False}, "inserted rows not on kept and other pages"
+    if meanwhile == "changes elsewhere":  # updated rows that moved to kept pages are looked up
+        assert True in on_kept("WHERE n = 3"), "no updated row moved to a kept page"
 
     restarted = _run(config)
     assert restarted.returncode == 0, restarted.stdout[-3000:]
@@ -265,13 +278,12 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     mirror = DeltaTable(str(lake / "public" / "items" / "mirror"))
     files = {uri.rsplit("/mirror/", 1)[1] for uri in mirror.file_uris()}
     staged = {add["path"] for r in records for add in r["adds"]["mirror"]}
-    if meanwhile == "inserts":
-        assert "items resumes: " in restarted.stdout, restarted.stdout[-3000:]
-        assert "the rows of 6000 keys inserted since" in restarted.stdout, restarted.stdout[-3000:]
-        assert staged <= files, "a kept chunk was copied again"
-    else:
-        assert "items is copied again whole: rows were updated" in restarted.stdout
+    if meanwhile == "changes on kept pages":
+        assert "items is copied again whole: each chunk copied may hold a row" in restarted.stdout
         assert not staged & files
+    else:
+        assert "items resumes: " in restarted.stdout, restarted.stdout[-3000:]
+        assert staged <= files, "a kept chunk was copied again"
     assert not _records(lake), "the chunk records outlived the snapshot"
 
     # The stream goes on from the first point, each change once.

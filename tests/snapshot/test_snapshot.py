@@ -460,8 +460,10 @@ def test_the_window_says_which_tables_only_had_inserts_and_their_keys_fetch_the_
     db.execute("INSERT INTO ins SELECT g, 'x' FROM generate_series(1, 5) g")
     db.execute("INSERT INTO two VALUES (%s, '2024-02-29 23:59:59.999999+14', 1)", (awkward,))
     db.execute("UPDATE upd SET v = 'b'")
+    db.execute("UPDATE upd SET id = 2")  # the key changes: both keys count as changed
     middle = current_lsn(db)
     db.execute("INSERT INTO ins VALUES (6, 'y')")
+    db.execute("DELETE FROM upd")
     db.execute("TRUNCATE gone")
     end = current_lsn(db)
     db.execute("INSERT INTO ins VALUES (7, 'after the window')")
@@ -469,14 +471,14 @@ def test_the_window_says_which_tables_only_had_inserts_and_their_keys_fetch_the_
     windows = snapshot_module.window_changes(db.conninfo(), "win", ["pub"], end)
     assert windows is not None
     oids = dict(db.execute("SELECT relname::text, oid::bigint FROM pg_class WHERE relkind = 'r'"))
-    assert windows[oids["ins"]].only_inserts_from(start) == tuple((str(i),) for i in range(1, 7))
-    assert windows[oids["ins"]].only_inserts_from(middle) == (("6",),)
-    assert windows[oids["upd"]].only_inserts_from(start) is None
-    assert windows[oids["upd"]].only_inserts_from(middle) == ()
-    assert windows[oids["gone"]].only_inserts_from(middle) is None
-    inserted = windows[oids["two"]].only_inserts_from(start)
-    assert inserted is not None and len(inserted) == 1
-    [(key, at)] = inserted
+    assert windows[oids["ins"]].since(start) == (tuple((str(i),) for i in range(1, 7)), ())
+    assert windows[oids["ins"]].since(middle) == ((("6",),), ())
+    assert windows[oids["upd"]].since(start) == ((), (("1",), ("2",)))
+    assert windows[oids["upd"]].since(middle) == ((), (("2",),))
+    assert windows[oids["gone"]].since(start) is None
+    since = windows[oids["two"]].since(start)
+    assert since is not None and len(since[0]) == 1
+    [(key, at)] = since[0]
     assert key == awkward
     # The slot did not move.
     assert db.scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots") == str(start)

@@ -13,7 +13,7 @@ receiver then streams the slot from its consistent point: no gap, no overlap.
 A crash of the driver ends the exported snapshot (it dies with its connection). The next run
 resumes from the slot (``pgcdc.pipeline.claim_slot``): the tables committed stay, the others
 are copied under a new snapshot at a later point, whose earlier changes the sinks skip for them.
-A table under way keeps the chunks its tasks recorded (``_record``) when it only had INSERTs
+A table under way keeps the chunks its tasks recorded (``_record``) that hold no row changed
 since (``_resumed``). A table an earlier attempt half-wrote is replaced by the new commit, never
 added to. A failed task is retried by Spark inside the same snapshot, its earlier files left
 unreferenced.
@@ -21,6 +21,7 @@ unreferenced.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import logging
@@ -36,6 +37,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from pgcdc.connection.server_errors import translated
@@ -44,7 +46,7 @@ from pgcdc.decoding.arrow import DEFAULT_OPTIONS, framed_to_arrow
 from pgcdc.decoding.copybinary import CopyBinaryReader, frame_copy
 from pgcdc.decoding.pgtypes import TypeInfo
 from pgcdc.errors import PgcdcError, SinkError, SnapshotError, portable
-from pgcdc.events import ReplicaIdentity, Table
+from pgcdc.events import ReplicaIdentity, Table, encode_tuple_data
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS
 from pgcdc.sinks import keys
@@ -63,6 +65,7 @@ from pgcdc.snapshot import (
     MAX_WINDOW_MESSAGES,
     PROGRESS_SECONDS,
     Chunk,
+    Key,
     SnapshotResult,
     SnapshotTable,
     TableWindow,
@@ -224,7 +227,12 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
     }
     copied = _Copied(table.qualified_name, typed.num_rows, read, adds)
     if job.progress is not None and chunk.keys is None:
-        _record(job, chunk, copied)
+        identities = prepared.column(keys.KEY) if keys.KEY in prepared.column_names else None
+        bounds = None if identities is None else pc.min_max(identities)
+        key_range = None
+        if bounds is not None and bounds["min"].is_valid:
+            key_range = [bounds["min"].as_py().hex(), bounds["max"].as_py().hex()]
+        _record(job, chunk, copied, key_range)
     return copied
 
 
@@ -240,9 +248,10 @@ def _identity(spec: SnapshotTable) -> dict[str, Any]:
     }
 
 
-def _record(job: _CopyJob, chunk: Chunk, copied: _Copied) -> None:
-    """Record, once its files are staged, that the chunk is copied: written whole under a
-    temporary name and then moved, so a crash leaves no half record."""
+def _record(job: _CopyJob, chunk: Chunk, copied: _Copied, key_range: list[str] | None) -> None:
+    """Record, once its files are staged, that the chunk is copied, with the least and greatest
+    ``_pgcdc_key`` of its rows (hex; None without rows or key): written whole under a temporary
+    name and then moved, so a crash leaves no half record."""
     assert job.progress is not None
     fs, root = filesystem(job.progress, job.storage or None)
     record = {
@@ -252,6 +261,7 @@ def _record(job: _CopyJob, chunk: Chunk, copied: _Copied) -> None:
         "end_page": chunk.end_page,
         "rows": copied.rows,
         "bytes": copied.bytes,
+        "key_range": key_range,
         "adds": {kind.value: adds for kind, adds in copied.adds.items()},
     }
     name = f"{root}/{chunk.table.table.oid}-{chunk.first_page or 0}"
@@ -266,9 +276,15 @@ def _progress_root(config: PipelineConfig) -> str:
 
 
 def _forget_progress(config: PipelineConfig) -> None:
+    """Remove the pipeline's chunk records, and their directory once no pipeline has any."""
     fs, root = filesystem(_progress_root(config), config.storage or None)
     if fs.get_file_info(root).type != pafs.FileType.NotFound:
         fs.delete_dir(root)
+    parent = root.rsplit("/", 1)[0]
+    if fs.get_file_info(parent).type == pafs.FileType.Directory and not fs.get_file_info(
+        pafs.FileSelector(parent)
+    ):
+        fs.delete_dir(parent)
 
 
 @dataclass(frozen=True)
@@ -339,11 +355,7 @@ def _why_copied_again(
     window: TableWindow | None,
     counts_copies: bool,
 ) -> str | None:
-    """Why a table's kept chunks cannot be kept, or None. They hold its rows at their point P;
-    every other chunk is copied at the new point C. A row an UPDATE or DELETE changed between P
-    and C may sit in a kept chunk as it was at P (or have moved between chunks), so only a
-    table that only had INSERTs since P resumes: its inserted rows that landed on kept pages
-    are fetched by key at C."""
+    """Why none of a table's recorded chunks can be kept, or None (see ``_resumed``)."""
     if window is None:
         return f"more than {MAX_WINDOW_MESSAGES} changes were made since its chunks were copied"
     if any(r["identity"] != _identity(spec) for r in records):
@@ -352,35 +364,69 @@ def _why_copied_again(
         ReplicaIdentity.DEFAULT,
         ReplicaIdentity.INDEX,
     ):
-        return "its rows have no key to fetch the rows inserted since by"
-    keys = window.only_inserts_from(LSN(records[0]["point"]))
-    if keys is None:
-        return "rows were updated, deleted or truncated since its chunks were copied"
-    if len(keys) > MAX_FETCHED_KEYS:
-        return f"{len(keys)} rows were inserted since, more than {MAX_FETCHED_KEYS} to fetch by key"
+        return "its rows have no key to tell the rows changed since by"
+    since = window.since(LSN(records[0]["point"]))
+    if since is None:
+        return "it was truncated since, or a change since did not send its key"
+    touched = len(set(since[0]) | set(since[1]))
+    if touched > MAX_FETCHED_KEYS:
+        return f"{touched} rows were changed since, more than {MAX_FETCHED_KEYS} to look up by key"
     return None
+
+
+def _identity_keys(job: _CopyJob, table: Table, texts: Sequence[Key]) -> list[bytes]:
+    """The rows' ``_pgcdc_key``s, sorted: the key columns' text typed and encoded by the path
+    that types and encodes the copied rows (``_copy``)."""
+    positions = [i for i, column in enumerate(table.columns) if column.is_key]
+    rows = []
+    for key in texts:
+        values: list[str | None] = [None] * len(table.columns)
+        for position, value in zip(positions, key, strict=True):
+            values[position] = value
+        rows.append(encode_tuple_data(values))
+    typed = tuples_to_arrow(table, pa.array(rows, pa.binary()), DEFAULT_OPTIONS, job.types)
+    changes = _changes(job, table, typed)
+    _, prepared = prepare(spec_for(table, changes.schema), changes)
+    return sorted(prepared.column(keys.KEY).to_pylist())
+
+
+def _may_hold(record: dict[str, Any], identities: Sequence[bytes]) -> bool:
+    """Whether a recorded chunk may hold a row of one of the (sorted) ``identities``: one
+    between its least and greatest ``_pgcdc_key``."""
+    if record.get("key_range") is None:
+        return False  # no rows
+    low, high = (bytes.fromhex(bound) for bound in record["key_range"])
+    at = bisect.bisect_left(identities, low)
+    return at < len(identities) and identities[at] <= high
 
 
 def _resumed(
     config: PipelineConfig,
+    job: _CopyJob,
     *,
-    conninfo: str,
     slot: str,
     publications: Sequence[str],
-    session_settings: Mapping[str, str] | None,
     resume_from: LSN,
-    point: LSN,
     tables: Sequence[SnapshotTable],
     copies_counted: Sequence[SnapshotTable],
     pages_per_chunk: int,
 ) -> tuple[dict[str, _Kept], list[Chunk]]:
-    """The chunks an interrupted attempt copied that the new one keeps, per table, and the
-    chunks left to copy for those tables (see ``_why_copied_again``)."""
+    """The chunks an interrupted attempt copied at P that this one (at C) keeps, per table, and
+    the chunks left to copy for those tables.
+
+    A row nobody changed between P and C is the same at both, on the same page. So a chunk
+    is kept unless it may hold a row an UPDATE or DELETE changed since P (judged by the range
+    of its rows' keys, which its task recorded), and the other pages are copied at C. The rows
+    inserted or changed since P that sit on kept pages at C are looked up by key at C. A
+    table truncated since, or whose changes since cannot be told by key, is copied again whole
+    (``_why_copied_again``)."""
     recorded = _recorded(config, int(resume_from))
     wanted = [spec for spec in tables if spec.table.oid in recorded]
     if not wanted:
         return {}, []
-    windows = window_changes(conninfo, slot, publications, point, session_settings)
+    windows = window_changes(
+        job.conninfo, slot, publications, LSN(job.consistent_point), job.session_settings
+    )
     kept: dict[str, _Kept] = {}
     chunks: list[Chunk] = []
     for spec in wanted:
@@ -393,27 +439,40 @@ def _resumed(
             continue
         assert window is not None
         at = LSN(records[0]["point"])
-        keys = window.only_inserts_from(at) or ()
-        ranges = tuple((r["first_page"], r["end_page"]) for r in records)
+        since = window.since(at)
+        assert since is not None
+        inserted, changed = since
+        identities = _identity_keys(job, spec.table, changed) if changed else []
+        held = [r for r in records if not _may_hold(r, identities)]
+        if not held:
+            log.info(
+                "initial snapshot: %s is copied again whole: each chunk copied may hold a row "
+                "changed since",
+                name,
+            )
+            continue
+        ranges = tuple((r["first_page"], r["end_page"]) for r in held)
         adds: dict[SinkKind, list[dict[str, Any]]] = defaultdict(list)
-        for record in records:
+        for record in held:
             for kind, staged in record["adds"].items():
                 adds[SinkKind(kind)] += staged
         kept[name] = _Kept(
-            int(at), ranges, sum(r["rows"] for r in records), sum(r["bytes"] for r in records), adds
+            int(at), ranges, sum(r["rows"] for r in held), sum(r["bytes"] for r in held), adds
         )
         left = _remaining(ranges, spec.pages, pages_per_chunk)
         chunks += [Chunk(spec, first, end) for first, end in left]
-        if keys:
-            chunks.append(Chunk(spec, keys=keys, within=ranges))
+        looked_up = tuple(dict.fromkeys(inserted + changed))
+        if looked_up:
+            chunks.append(Chunk(spec, keys=looked_up, within=ranges))
         log.info(
-            "initial snapshot: %s resumes: %d chunks kept (copied at %s), %d to copy, and the "
-            "rows of %d keys inserted since looked up on the kept pages",
+            "initial snapshot: %s resumes: %d of the %d chunks copied at %s kept, %d to copy, "
+            "and %d keys inserted or changed since looked up on the kept pages",
             name,
-            len(ranges),
+            len(held),
+            len(records),
             at,
             len(left),
-            len(keys),
+            len(looked_up),
         )
     return kept, chunks
 
@@ -617,12 +676,10 @@ def land_initial_snapshot(
         else:
             kept, resumed = _resumed(
                 config,
-                conninfo=conninfo,
+                job,
                 slot=slot,
                 publications=publications,
-                session_settings=settings,
                 resume_from=resume_from,
-                point=created.consistent_point,
                 tables=todo,
                 copies_counted=whole,
                 pages_per_chunk=pages,
