@@ -53,7 +53,7 @@ from pgcdc.connection.catalog import type_closure, type_event
 from pgcdc.connection.commands import CreatedSlot, supports_failover
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.server_errors import translated
-from pgcdc.connection.sql import peek_binary_changes
+from pgcdc.connection.sql import stream_peeked_binary_changes
 from pgcdc.decoding.copybinary import CopyBinaryReader, binary_decodable
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions
 from pgcdc.decoding.pgtypes import TypeInfo
@@ -956,6 +956,9 @@ def window_changes(
     (``pg_logical_slot_peek_binary_changes``, pgoutput protocol 1, text values under the
     settings the snapshot's COPYs run with, so a key reads back as the same value). None if
     that is more than MAX_WINDOW_MESSAGES messages."""
+    decoder = PgOutputDecoder()
+    windows: dict[int, TableWindow] = {}
+    committed: LSN | None = None
     with (
         translated(),
         psycopg.connect(
@@ -967,37 +970,35 @@ def window_changes(
         ) as conn,
     ):
         options = PgOutputOptions(publications).for_server(conn.info.server_version)
-        rows = peek_binary_changes(
+        peeked = stream_peeked_binary_changes(
             conn, slot, upto_lsn=upto, upto_nchanges=MAX_WINDOW_MESSAGES, options=options
         )
-    if len(rows) >= MAX_WINDOW_MESSAGES:
-        return None
-    decoder = PgOutputDecoder()
-    windows: dict[int, TableWindow] = {}
-    committed: LSN | None = None
-    for row in rows:
-        event = decoder.decode_one(row.data, row.lsn)
-        if isinstance(event, Begin):
-            committed = event.final_lsn
-            continue
-        if committed is None or committed >= upto:
-            continue
-        if isinstance(event, Insert | Update | Delete):
-            window = windows.setdefault(event.table.oid, TableWindow())
-            new = None if isinstance(event, Delete) else event.new
-            old = None if isinstance(event, Insert) else event.old
-            found = [_key_of(event.table, new, old)] if new is not None else []
-            found += [_key_of(event.table, old)] if old is not None else []
-            keys = [key for key in found if key is not None]
-            if not keys or len(keys) < len(found):
-                window.unkeyed_until = committed
-            elif isinstance(event, Insert):
-                window.inserted.append((committed, keys[0]))
-            else:
-                window.changed += [(committed, key) for key in keys]
-        elif isinstance(event, Truncate):
-            for table in event.tables:
-                windows.setdefault(table.oid, TableWindow()).unkeyed_until = committed
+        with contextlib.closing(peeked) as rows:
+            for count, row in enumerate(rows, 1):
+                if count >= MAX_WINDOW_MESSAGES:
+                    return None
+                event = decoder.decode_one(row.data, row.lsn)
+                if isinstance(event, Begin):
+                    committed = event.final_lsn
+                    continue
+                if committed is None or committed >= upto:
+                    continue
+                if isinstance(event, Insert | Update | Delete):
+                    window = windows.setdefault(event.table.oid, TableWindow())
+                    new = None if isinstance(event, Delete) else event.new
+                    old = None if isinstance(event, Insert) else event.old
+                    found = [_key_of(event.table, new, old)] if new is not None else []
+                    found += [_key_of(event.table, old)] if old is not None else []
+                    keys = [key for key in found if key is not None]
+                    if not keys or len(keys) < len(found):
+                        window.unkeyed_until = committed
+                    elif isinstance(event, Insert):
+                        window.inserted.append((committed, keys[0]))
+                    else:
+                        window.changed += [(committed, key) for key in keys]
+                elif isinstance(event, Truncate):
+                    for table in event.tables:
+                        windows.setdefault(table.oid, TableWindow()).unkeyed_until = committed
     return windows
 
 

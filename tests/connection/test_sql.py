@@ -22,6 +22,7 @@ from pgcdc.connection.sql import (
     list_slots,
     peek_binary_changes,
     peek_changes,
+    stream_peeked_binary_changes,
 )
 from pgcdc.lsn import LSN
 from tests.conftest import Database
@@ -260,6 +261,9 @@ def test_binary_changes_from_pgoutput(db: Database) -> None:
 
         peeked = peek_binary_changes(conn, "bin", options=options)
         assert [row.data[:1] for row in peeked] == [b"B", b"R", b"I", b"C"]
+        # Through a server-side cursor, a few rows at a time: the same rows.
+        streamed = stream_peeked_binary_changes(conn, "bin", options=options, fetch_rows=3)
+        assert list(streamed) == peeked
         assert all(isinstance(row.data, bytes) for row in peeked)
         assert {row.xid for row in peeked} == {xid}
         begin, relation, insert, _ = (row.data for row in peeked)

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,23 @@ def _run(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _killed_once(config: Path, output: Path, reached: Callable[[], bool]) -> None:
+    """Start ``pgcdc pipeline run --once`` as users run it (its output appended to ``output``)
+    and SIGKILL its process group once ``reached()`` or once it has exited."""
+    with output.open("ab") as sink:
+        child = subprocess.Popen(
+            [*CLI, "pipeline", "run", "--verbose", "--config", str(config), "--once"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: reached() or child.poll() is not None, timeout=300, interval=0.05)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 def _small_rows(db: Database) -> dict[int, str]:
     return dict(db.execute("SELECT id, note FROM small"))
 
@@ -100,23 +118,8 @@ def test_a_killed_snapshot_resumes_without_copying_landed_tables_again(
     app_id = pipeline.load(config, {}).pipeline().app_id
     lake = tmp_path / "lake"
     output = tmp_path / "run.log"
-    with output.open("ab") as sink:
-        child = subprocess.Popen(
-            [*CLI, "pipeline", "run", "--verbose", "--config", str(config), "--once"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        # The small table's job ends first (smallest tables first); items is still copying.
-        wait_until(
-            lambda: _snapshot_at(lake, "small", app_id) is not None or child.poll() is not None,
-            timeout=300,
-            interval=0.05,
-        )
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    # The small table's job ends first (smallest tables first); items is still copying.
+    _killed_once(config, output, lambda: _snapshot_at(lake, "small", app_id) is not None)
     log = output.read_text(errors="replace")
     first_point = _snapshot_at(lake, "small", app_id)
     assert first_point is not None, log[-3000:]
@@ -223,18 +226,7 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     config = _config(db, tmp_path)
     app_id = pipeline.load(config, {}).pipeline().app_id
     lake = tmp_path / "lake"
-    with (tmp_path / "run.log").open("ab") as sink:
-        child = subprocess.Popen(
-            [*CLI, "pipeline", "run", "--verbose", "--config", str(config), "--once"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_until(lambda: _records(lake) or child.poll() is not None, timeout=300, interval=0.05)
-    finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    _killed_once(config, tmp_path / "run.log", lambda: bool(_records(lake)))
     records = _records(lake)
     assert records, (tmp_path / "run.log").read_text(errors="replace")[-3000:]
     assert _snapshot_at(lake, "items", app_id) is None, "items landed before the kill"

@@ -13,7 +13,7 @@ autocommit connection.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeAlias, TypeVar
 
@@ -243,6 +243,24 @@ def _option_text(value: OptionValue) -> str:
     return ",".join('"' + name.replace('"', '""') + '"' for name in value)
 
 
+def _changes_query(
+    function: str,
+    slot: str,
+    upto_lsn: LSN | None,
+    upto_nchanges: int | None,
+    options: Mapping[str, OptionValue] | None,
+) -> tuple[sql.Composed, tuple[Any, ...]]:
+    flat: list[str] = []
+    for name, value in (options or {}).items():
+        flat += [name, _option_text(value)]
+    query = sql.SQL(
+        "SELECT lsn::text, xid::text, data "
+        "FROM {}(%s, %s::pg_lsn, %s::integer, VARIADIC %s::text[])"
+    ).format(sql.Identifier(function))
+    upto = None if upto_lsn is None else str(LSN(upto_lsn))
+    return query, (slot, upto, upto_nchanges, flat)
+
+
 def _read(
     conn: psycopg.Connection[Any],
     function: str,
@@ -252,16 +270,9 @@ def _read(
     upto_nchanges: int | None,
     options: Mapping[str, OptionValue] | None,
 ) -> list[tuple[str, str, Any]]:
-    flat: list[str] = []
-    for name, value in (options or {}).items():
-        flat += [name, _option_text(value)]
-    query = sql.SQL(
-        "SELECT lsn::text, xid::text, data "
-        "FROM {}(%s, %s::pg_lsn, %s::integer, VARIADIC %s::text[])"
-    ).format(sql.Identifier(function))
-    upto = None if upto_lsn is None else str(LSN(upto_lsn))
+    query, params = _changes_query(function, slot, upto_lsn, upto_nchanges, options)
     with server_errors.translated():
-        return conn.execute(query, (slot, upto, upto_nchanges, flat)).fetchall()
+        return conn.execute(query, params).fetchall()
 
 
 def _text_rows(rows: list[tuple[str, str, Any]]) -> list[ChangeRow[str]]:
@@ -357,6 +368,28 @@ def peek_binary_changes(
             options=options,
         )
     )
+
+
+def stream_peeked_binary_changes(
+    conn: psycopg.Connection[Any],
+    slot: str,
+    *,
+    upto_lsn: LSN | None = None,
+    upto_nchanges: int | None = None,
+    options: Mapping[str, OptionValue] | None = None,
+    fetch_rows: int = 10_000,
+) -> Generator[ChangeRow[bytes], None, None]:
+    """``peek_binary_changes`` read through a server-side cursor, ``fetch_rows`` at a time, so
+    a long stretch of the slot never sits in the client's memory at once. It runs in a
+    transaction of its own on ``conn``."""
+    query, params = _changes_query(
+        "pg_logical_slot_peek_binary_changes", slot, upto_lsn, upto_nchanges, options
+    )
+    with server_errors.translated(), conn.transaction(), conn.cursor("pgcdc_peek") as cursor:
+        cursor.itersize = fetch_rows
+        cursor.execute(query, params)
+        for lsn, xid, data in cursor:
+            yield ChangeRow(LSN.parse(lsn), int(xid), bytes(data))
 
 
 # --- writing ---------------------------------------------------------------------------------
