@@ -8,6 +8,7 @@ point with nothing lost or repeated."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -111,6 +112,13 @@ def test_executors_land_what_the_change_log_path_lands(
         pipeline.run(executors, once=True, spark=spark)
     progress = [r.getMessage() for r in caplog.records if "chunks copied" in r.getMessage()]
     assert progress, "no progress was reported while the tasks copied"
+    # Rows, bytes and the share of pages as the tasks finish, up to all of them.
+    counted = [
+        re.search(r"\(([\d,]+) rows, ([\d.]+) MB, (\d+)% of the pages\)", m) for m in progress
+    ]
+    assert all(counted), progress[:3]
+    rows = [int(m.group(1).replace(",", "")) for m in counted if m]
+    assert rows == sorted(rows) and rows[-1] > 0, progress
     # The executors' rows never passed through the change log.
     assert list(ChangeLog(tmp_path / "executors" / "changelog").read_transactions()) == []
     assert _big_chunks(tmp_path / "executors" / "lake") > 4

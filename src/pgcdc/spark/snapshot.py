@@ -197,13 +197,30 @@ def _copied_rows(
     return tuples_to_arrow(table, pa.array(rows, pa.binary()), DEFAULT_OPTIONS, types), size
 
 
-def copy_task(job: _CopyJob, task: _Task) -> _Copied:
+@dataclass(frozen=True)
+class _Counters:
+    """Spark accumulators each task adds its chunk to (one chunk; its rows, COPY bytes and
+    pages as planned), for the driver's progress reports (``_report``)."""
+
+    chunks: Any
+    rows: Any
+    bytes: Any
+    pages: Any
+
+
+def copy_task(job: _CopyJob, task: _Task, counters: _Counters | None = None) -> _Copied:
     """Run in a Spark task: copy the task's chunk inside the exported snapshot and stage its
     rows in every Delta table of its source table."""
     try:
-        return _copy(job, task)
+        copied = _copy(job, task)
     except PgcdcError as error:
         return _Copied(task.chunk.table.table.qualified_name, error=portable(error))
+    if counters is not None:
+        counters.chunks.add(1)
+        counters.rows.add(copied.rows)
+        counters.bytes.add(copied.bytes)
+        counters.pages.add(chunk_pages(task.chunk))
+    return copied
 
 
 def _copy(job: _CopyJob, task: _Task) -> _Copied:
@@ -502,27 +519,24 @@ def _pages_per_chunk(tables: Sequence[SnapshotTable], slots: int) -> int:
 
 
 def _report(
-    spark: Any, group: str, chunks: int, started: float, done: threading.Event
+    counters: _Counters, chunks: int, pages: int, started: float, done: threading.Event
 ) -> Callable[[], None]:
-    """A loop for a thread: log how many chunks the group's tasks finished, now and then."""
+    """A loop for a thread: log, now and then, the chunks, rows, bytes and share of the pages
+    the tasks finished, and the time left at that pace."""
 
     def loop() -> None:
-        tracker = spark.sparkContext.statusTracker()
         while not done.wait(PROGRESS_SECONDS):
-            finished = 0
-            for job_id in tracker.getJobIdsForGroup(group):
-                info = tracker.getJobInfo(job_id)
-                for stage_id in info.stageIds if info else ():
-                    stage_info = tracker.getStageInfo(stage_id)
-                    finished += stage_info.numCompletedTasks if stage_info else 0
             elapsed = time.monotonic() - started
-            left = (
-                f", about {elapsed * (chunks - finished) / finished:.0f} s left" if finished else ""
-            )
+            copied = counters.pages.value
+            left = f", about {elapsed * (pages - copied) / copied:.0f} s left" if copied else ""
             log.info(
-                "initial snapshot: %d of %d chunks copied in %.0f s%s",
-                finished,
+                "initial snapshot: %d of %d chunks copied (%s rows, %.1f MB, %.0f%% of the "
+                "pages) in %.0f s%s",
+                counters.chunks.value,
                 chunks,
+                f"{counters.rows.value:,}",
+                counters.bytes.value / 1e6,
+                100 * copied / max(pages, 1),
                 elapsed,
                 left,
             )
@@ -573,9 +587,11 @@ def _run_tasks(
     group = f"pgcdc-snapshot-{uuid.uuid4().hex[:8]}"
     context.setJobGroup(group, "pgcdc initial snapshot", interruptOnCancel=True)
     done = threading.Event()
-    total = sum(len(tasks) for tasks in jobs)
+    counters = _Counters(*(context.accumulator(0) for _ in range(4)))
+    chunks = [task.chunk for tasks in jobs for task in tasks]
+    pages = sum(map(chunk_pages, chunks))
     reporter = threading.Thread(
-        target=_report(spark, group, total, time.monotonic(), done),
+        target=_report(counters, len(chunks), pages, time.monotonic(), done),
         name="pgcdc-snapshot-progress",
         daemon=True,
     )
@@ -584,7 +600,8 @@ def _run_tasks(
     try:
         for tasks in jobs:
             rdd = context.parallelize(list(tasks), len(tasks))
-            results: list[_Copied] = rdd.map(functools.partial(copy_task, job)).collect()
+            copy = functools.partial(copy_task, job, counters=counters)
+            results: list[_Copied] = rdd.map(copy).collect()
             for result in results:
                 if result.error is not None:
                     rebuild, args = result.error
