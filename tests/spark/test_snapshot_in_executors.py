@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from deltalake import write_deltalake
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
@@ -237,3 +239,22 @@ def test_a_recorded_chunk_may_hold_the_keys_between_its_least_and_greatest() -> 
     assert not _may_hold(record, [b"V1:5", b"V2:21", b"V3:100"])
     assert not _may_hold(record, [])
     assert not _may_hold({"key_range": None}, [b"V2:15"])  # a chunk without rows
+
+
+def test_staged_files_take_a_dictionary_but_for_the_unique_columns(tmp_path: Path) -> None:
+    """A column of few values is dictionary-encoded (several times smaller); the columns the
+    caller names unique are not (a dictionary there only costs)."""
+    rows = pa.table(
+        {
+            "id": pa.array(range(10_000), pa.int64()),
+            "status": pa.array(["new", "paid", "shipped"] * 3333 + ["new"]),
+        }
+    )
+    path = str(tmp_path / "t")
+    write_deltalake(path, rows.slice(0, 0))
+    adds = stage(path, rows, rows.schema, StorageOptions(), unique=("id", "absent"))
+    [add] = adds
+    meta = pq.ParquetFile(f"{path}/{add['path']}").metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(2)}
+    assert "RLE_DICTIONARY" in encodings["status"], encodings
+    assert "RLE_DICTIONARY" not in encodings["id"], encodings

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -34,22 +34,35 @@ from pgcdc.storage import StorageOptions, filesystem
 
 STAGING_DIRECTORY = "pgcdc-snapshot"
 _FIRST_COMMIT = "_delta_log/" + "0" * 20 + ".json"
-# Plain-encoded, Snappy-compressed pages: a dictionary costs a hash of every value, spent in
-# vain on the unique columns every snapshot has (the key, ``_pgcdc_key``), while Snappy takes
-# most of what it saves on repeated values. Statistics stay as delta-rs writes them: the add
-# actions carry them.
-WRITER_PROPERTIES = WriterProperties(
-    compression="SNAPPY", default_column_properties=ColumnProperties(dictionary_enabled=False)
-)
+# Snappy-compressed pages, dictionary-encoded but for the columns the caller names unique: a
+# dictionary there (the key, ``_pgcdc_key``, ``_seq``) only costs a hash of every value, while
+# on a column of few values (a status, a country) it makes the pages several times smaller.
+# Statistics stay as delta-rs writes them: the add actions carry them.
+_PLAIN = ColumnProperties(dictionary_enabled=False)
+_DICTIONARY = ColumnProperties(dictionary_enabled=True)
+
+
+def writer_properties(unique: Collection[str] = ()) -> WriterProperties:
+    return WriterProperties(
+        compression="SNAPPY",
+        default_column_properties=_DICTIONARY,
+        column_properties=dict.fromkeys(unique, _PLAIN) or None,
+    )
 
 
 def stage(
-    table_path: str, rows: pa.Table, schema: pa.Schema, storage: StorageOptions
+    table_path: str,
+    rows: pa.Table,
+    schema: pa.Schema,
+    storage: StorageOptions,
+    *,
+    unique: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Write ``rows`` (aligned to the target's ``schema``) as data files of the Delta table at
     ``table_path`` without committing them; returns their add actions (the Delta log's
-    ``add`` objects). Each call writes under a name of its own, so a retried task never
-    meets an earlier attempt's files."""
+    ``add`` objects). ``unique``: columns whose values do not repeat, written without a
+    dictionary. Each call writes under a name of its own, so a retried task never meets an
+    earlier attempt's files."""
     if rows.num_rows == 0:
         return []
     name = uuid.uuid4().hex
@@ -60,7 +73,7 @@ def stage(
         align(rows, schema),
         mode="error",
         storage_options=storage.delta(),
-        writer_properties=WRITER_PROPERTIES,
+        writer_properties=writer_properties([n for n in unique if n in schema.names]),
     )
     fs, path = filesystem(staging, storage or None)
     with fs.open_input_stream(f"{path}/{_FIRST_COMMIT}") as log:
