@@ -134,6 +134,8 @@ _FEW_EVENTS = 16
 # column count. A run is fed once it reaches either bound.
 _RUN_STARTS = frozenset((Insert, Update, Delete))
 _RUN_ROW_START = RowRun.HEADER_BYTES
+# pgoutput's Begin and Commit message types, which ``_loop`` hands the assembler as fields.
+_BEGIN_BYTE, _COMMIT_BYTE = ord("B"), ord("C")
 RUN_MAX_ROWS = 4096
 # A run without rows after its first change yet: shared, never appended to.
 _NO_LSNS: list[LSN] = []
@@ -731,6 +733,8 @@ class Receiver:
             pgoutput.handlers if pgoutput is not None else {}
         )
         feed = assembler.feed
+        begin_plain = assembler.begin_plain
+        commit_held = assembler.commit_held
         store = self._store
         # Row changes whose message starts like the one before it (same kind, table, tuple
         # marker and width) join it in a RowRun as their rows' bytes, with no decoding, for a
@@ -808,8 +812,33 @@ class Receiver:
                         if completed:
                             for txn in completed:
                                 store(txn)
+                    # A plain transaction's Begin and Commit go to the assembler as their
+                    # fields, with no event made, when it takes them on its hot path.
+                    first_byte = payload[0] if size else 0
+                    if first_byte == _BEGIN_BYTE:
+                        try:
+                            _, commit_time, xid = pgoutput.begin_fields(payload)
+                        except Exception as exc:
+                            pgoutput.reraise(exc, payload, lsn)
+                        if begin_plain(xid, lsn, commit_time):
+                            if lsn >= watch_from and message_done(lsn) is not None:
+                                return "end_lsn"
+                            continue
+                    elif first_byte == _COMMIT_BYTE:
+                        try:
+                            _, commit_lsn, end_lsn, commit_time = pgoutput.commit_fields(payload)
+                        except Exception as exc:
+                            pgoutput.reraise(exc, payload, lsn)
+                        committed = commit_held(lsn, commit_lsn, end_lsn, commit_time, None)
+                        if committed is not None:
+                            store(committed)
+                            if lsn >= watch_from and message_done(lsn) is not None:
+                                return "end_lsn"
+                            continue
+                    # Otherwise the message's event: a Begin or Commit the assembler did not
+                    # take above is decoded again, for ``feed``.
                     try:
-                        event = handlers[payload[0]](payload, lsn)
+                        event = handlers[first_byte](payload, lsn)
                     except Exception as exc:
                         pgoutput.reraise(exc, payload, lsn)
                     kind = type(event)

@@ -386,38 +386,58 @@ class PgOutputDecoder:
 
     # --- transaction boundaries --------------------------------------------------------------
 
-    def _begin(self, buf: bytes, lsn: LSN) -> Event:
+    def begin_fields(self, buf: bytes) -> tuple[LSN, datetime, int]:
+        """The final LSN, commit time and xid of the Begin message ``buf``: what its event
+        holds, for a caller that hands them on without the event (the receiver's loop; see
+        ``TransactionAssembler.begin_plain``). Raises as ``decode_one`` does (see
+        ``reraise``)."""
         if self._state.stream_xid is not None:
             raise DecodeError("Begin inside a stream block (no Stream Stop before it)")
         final_lsn, commit_time, xid = _BEGIN(buf, 1)
         if len(buf) != 21:
             self._check_end(buf, 21)
-        # Begin(lsn, xid, LSN(final_lsn), _time(commit_time)), built as _insert builds.
+        converted = _time(commit_time)
+        self._begin_time = (commit_time, converted)
+        return _int_new(LSN, final_lsn), converted, xid
+
+    def commit_fields(self, buf: bytes) -> tuple[int, LSN, LSN, datetime]:
+        """The flags, commit LSN, end LSN and commit time of the Commit message ``buf``: what
+        its event holds besides its own LSN, for a caller that hands them on without the event
+        (see ``TransactionAssembler.commit_held``). Raises as ``decode_one`` does."""
+        flags, commit_lsn, end_lsn, commit_time = _COMMIT(buf, 1)
+        if len(buf) != 26:
+            self._check_end(buf, 26)
+        begin_raw, begin_time = self._begin_time
+        return (
+            flags,
+            _int_new(LSN, commit_lsn),
+            _int_new(LSN, end_lsn),
+            begin_time if commit_time == begin_raw else _time(commit_time),
+        )
+
+    def _begin(self, buf: bytes, lsn: LSN) -> Event:
+        final_lsn, commit_time, xid = self.begin_fields(buf)
+        # Begin(lsn, xid, final_lsn, commit_time), built as _insert builds.
         event = _new_object(Begin)
         set_lsn, set_xid, set_final, set_time, set_csn, set_first, set_user = _BEGIN_SETTERS
         set_lsn(event, lsn)
         set_xid(event, xid)
-        set_final(event, _int_new(LSN, final_lsn))
-        converted = _time(commit_time)
-        self._begin_time = (commit_time, converted)
-        set_time(event, converted)
+        set_final(event, final_lsn)
+        set_time(event, commit_time)
         set_csn(event, None)
         set_first(event, None)
         set_user(event, None)
         return event
 
     def _commit(self, buf: bytes, lsn: LSN) -> Event:
-        flags, commit_lsn, end_lsn, commit_time = _COMMIT(buf, 1)
-        if len(buf) != 26:
-            self._check_end(buf, 26)
-        # Commit(lsn, LSN(commit_lsn), LSN(end_lsn), _time(commit_time), flags=flags).
+        flags, commit_lsn, end_lsn, commit_time = self.commit_fields(buf)
+        # Commit(lsn, commit_lsn, end_lsn, commit_time, flags=flags).
         event = _new_object(Commit)
         set_lsn, set_commit, set_end, set_time, set_xid, set_flags = _COMMIT_SETTERS
         set_lsn(event, lsn)
-        set_commit(event, _int_new(LSN, commit_lsn))
-        set_end(event, _int_new(LSN, end_lsn))
-        begin_raw, begin_time = self._begin_time
-        set_time(event, begin_time if commit_time == begin_raw else _time(commit_time))
+        set_commit(event, commit_lsn)
+        set_end(event, end_lsn)
+        set_time(event, commit_time)
         set_xid(event, None)
         set_flags(event, flags)
         return event

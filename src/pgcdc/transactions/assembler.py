@@ -263,19 +263,19 @@ class TransactionAssembler:
                 return []
         kind = type(event)
         if kind is Commit:
-            committed = self._commit_held(event)  # type: ignore[arg-type]
+            committed = self.commit_held(
+                event.lsn,
+                event.commit_lsn,  # type: ignore[union-attr]
+                event.end_lsn,  # type: ignore[union-attr]
+                event.commit_time,  # type: ignore[union-attr]
+                event.xid,  # type: ignore[union-attr]
+            )
             if committed is not None:
                 return [committed]
             return list(self._on_commit(event, size))  # type: ignore[arg-type]
         if kind is Begin:
-            if self._plain is None and self._block is None:
-                # _on_begin, inlined for the hot path.
-                txn = _Txn(event.xid, event.lsn, event.commit_time)  # type: ignore[union-attr]
-                self._live[txn] = None
-                self._plain = txn
-                self._plain_gid = None
-                return []
-            self._on_begin(event, size)  # type: ignore[arg-type]
+            if not self.begin_plain(event.xid, event.lsn, event.commit_time):  # type: ignore[union-attr]
+                self._on_begin(event, size)  # type: ignore[arg-type]
             return []
         handler = self._handlers.get(kind)
         if handler is None:
@@ -283,6 +283,19 @@ class TransactionAssembler:
                 f"{type(event).__name__} is not a pgcdc.events event; feed decoder output only"
             )
         return list(handler(event, size))
+
+    def begin_plain(self, xid: int | None, lsn: LSN, commit_time: datetime | None) -> bool:
+        """``feed`` of a Begin (at ``lsn``, of ``xid``, committed at ``commit_time``) outside
+        any transaction or stream block, the hot path, taking the Begin's fields: True when
+        done; False, with nothing done, when ``feed`` must take the Begin event instead."""
+        if self._plain is not None or self._block is not None:
+            return False
+        # _on_begin, inlined.
+        txn = _Txn(xid, lsn, commit_time)
+        self._live[txn] = None
+        self._plain = txn
+        self._plain_gid = None
+        return True
 
     def _on_row_run(self, run: RowRun, size: int | None) -> list[CommittedTransaction]:
         """A RowRun joins a plain transaction held in memory as one event; anywhere else (a
@@ -494,9 +507,18 @@ class TransactionAssembler:
         self._plain = None
         return txn
 
-    def _commit_held(self, event: Commit) -> CommittedTransaction | None:
-        """The hot path of ``_on_commit``: a plain transaction held in memory, nothing to
-        strip, carry or filter, emitted as ``_emit`` would; None (nothing done) otherwise."""
+    def commit_held(
+        self,
+        lsn: LSN,
+        commit_lsn: LSN | None,
+        end_lsn: LSN | None,
+        commit_time: datetime | None,
+        xid: int | None,
+    ) -> CommittedTransaction | None:
+        """``feed`` of a Commit, the hot path of ``_on_commit``, taking the Commit's fields: a
+        plain transaction held in memory, nothing to strip, carry or filter, emitted as
+        ``_emit`` would; None, with nothing done, otherwise (``feed`` must take the Commit
+        event then)."""
         txn = self._plain
         if (
             txn is None
@@ -505,7 +527,7 @@ class TransactionAssembler:
             or txn.spill is not None
             or txn.discarding
             or self._carry
-            or (event.xid is not None and txn.xid is not None and event.xid != txn.xid)
+            or (xid is not None and txn.xid is not None and xid != txn.xid)
         ):
             return None
         self._plain = None
@@ -514,12 +536,11 @@ class TransactionAssembler:
         self._memory -= txn.memory
         txn.memory = 0
         self._emitted_since_idle = True
-        commit_lsn, end_lsn = event.commit_lsn, event.end_lsn
         return _committed(
-            txn.xid if txn.xid is not None else event.xid,
-            commit_lsn if commit_lsn is not None else event.lsn,
-            end_lsn if end_lsn is not None else event.lsn,
-            event.commit_time or txn.commit_time,
+            txn.xid if txn.xid is not None else xid,
+            commit_lsn if commit_lsn is not None else lsn,
+            end_lsn if end_lsn is not None else lsn,
+            commit_time or txn.commit_time,
             tuple(txn.events),
             origin=txn.origin,
             origin_lsn=txn.origin_lsn,
