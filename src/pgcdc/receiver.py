@@ -727,7 +727,8 @@ class Receiver:
         read_many = stream.read_many
         clock = time.monotonic
         # pgoutput's decoder is called directly (one event per message, ``decode_one`` inlined:
-        # its handler by message type); others go via _xlog.
+        # its handler by message type; a plain transaction's Begin and Commit give their fields
+        # to the assembler, no event); others go via _xlog.
         pgoutput = decoder if type(decoder) is PgOutputDecoder else None
         handlers: Mapping[int, Callable[[bytes, LSN], Event]] = (
             pgoutput.handlers if pgoutput is not None else {}
@@ -814,7 +815,7 @@ class Receiver:
                                 store(txn)
                     # A plain transaction's Begin and Commit go to the assembler as their
                     # fields, with no event made, when it takes them on its hot path.
-                    first_byte = payload[0] if size else 0
+                    first_byte = payload[0] if size else 0  # empty: no handler, reraise says so
                     if first_byte == _BEGIN_BYTE:
                         try:
                             _, commit_time, xid = pgoutput.begin_fields(payload)
