@@ -188,9 +188,22 @@ def _slot(conninfo: str) -> tuple[int | None, LSN]:
     return row[0], LSN.parse(row[1])
 
 
+def walsender_pid(conninfo: str, slot: str = SLOT) -> int | None:
+    """The PID of the walsender streaming ``slot``, None while none does. A backend peeking the
+    slot through SQL holds it too (a resumed snapshot reads what changed since), but streams
+    nothing."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT s.active_pid FROM pg_replication_slots s JOIN pg_stat_activity a "
+            "ON a.pid = s.active_pid AND a.backend_type = 'walsender' WHERE s.slot_name = %s",
+            (slot,),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
 def _new_walsender(conninfo: str, old: int | None) -> int:
     return int(
-        wait_until(lambda: (pid := _slot(conninfo)[0]) not in (None, old) and pid, timeout=120)
+        wait_until(lambda: (pid := walsender_pid(conninfo)) not in (None, old) and pid, timeout=120)
     )
 
 

@@ -134,8 +134,8 @@ def _pipeline_command(db: Database, tmp_path: Path, output: Path, *extra: str) -
 
 
 def _slot_pid(db: Database) -> int | None:
-    """The PID of the walsender holding the pipeline's slot; None while none does (or there
-    is no slot yet)."""
+    """The PID of the backend holding the pipeline's slot (a walsender, or a resumed snapshot's
+    peek); None while none does (or there is no slot yet)."""
     return db.scalar(  # type: ignore[no-any-return]
         "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (faults.SLOT,)
     )
@@ -166,7 +166,9 @@ def test_killed_pipeline_run_restarts_without_loss_or_duplicates(
             try:
                 # Killed once it streams (or copies), at a random instant after.
                 wait_until(
-                    lambda c=child: _slot_pid(db) is not None or c.poll() is not None,
+                    lambda c=child: (
+                        faults.walsender_pid(conninfo) is not None or c.poll() is not None
+                    ),
                     timeout=120,
                 )
                 assert child.poll() is None, _tail(output)

@@ -103,7 +103,13 @@ def test_killed_pipeline_on_a_cluster_with_s3_restarts_without_loss_or_duplicate
         # Mid-snapshot: the slot exists from the snapshot's start; the copy takes seconds.
         child = _start(config, output)
         try:
-            wait_until(lambda: _slot_pid(db) is not None or child.poll() is not None, timeout=180)
+            wait_until(
+                lambda: (
+                    faults.walsender_pid(db.conninfo(), SLOT) is not None
+                    or child.poll() is not None
+                ),
+                timeout=180,
+            )
             assert child.poll() is None, _tail(output)
             time.sleep(rng.uniform(0.0, 1.0))
         finally:
