@@ -89,6 +89,7 @@ __all__ = [
     "first_line",
     "retryable",
     "session_options",
+    "while_slot_busy",
 ]
 
 PLUGINS = ("pgoutput", "test_decoding")
@@ -222,6 +223,31 @@ class Backoff:
         self._delay = min(policy.maximum, delay * policy.multiplier)
         self.failures += 1
         return delay * (1.0 - policy.jitter * self._uniform())
+
+
+def while_slot_busy(
+    attempt: Callable[[], _T], seconds: float, stop: threading.Event | None = None
+) -> _T:
+    """``attempt()``, retried with backoff while the slot is active for another process (a
+    walsender or a peek the server has not yet seen the end of), for up to ``seconds``; then
+    its SlotInUse propagates."""
+    deadline = time.monotonic() + seconds
+    delay = 0.25
+    waiting = stop or threading.Event()
+    while True:
+        try:
+            return attempt()
+        except SlotInUse as busy:
+            if waiting.is_set() or time.monotonic() + delay > deadline:
+                raise
+            _log.info(
+                "slot %r is active for PID %s; retrying in %.2f s",
+                busy.slot,
+                busy.active_pid,
+                delay,
+            )
+            waiting.wait(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def first_line(error: BaseException) -> str:
@@ -694,24 +720,7 @@ class Receiver:
             )
 
     def _while_slot_busy(self, attempt: Callable[[], _T], stop: threading.Event) -> _T:
-        """``attempt()``, retried with backoff while the slot is active for another process,
-        for up to ``slot_busy_wait`` seconds; then its SlotInUse propagates."""
-        deadline = time.monotonic() + self.options.slot_busy_wait
-        delay = 0.25
-        while True:
-            try:
-                return attempt()
-            except SlotInUse as busy:
-                if stop.is_set() or time.monotonic() + delay > deadline:
-                    raise
-                _log.info(
-                    "slot %r is active for PID %s; retrying in %.2f s",
-                    busy.slot,
-                    busy.active_pid,
-                    delay,
-                )
-                stop.wait(delay)
-                delay = min(delay * 2, 5.0)
+        return while_slot_busy(attempt, self.options.slot_busy_wait, stop)
 
     def _loop(
         self,

@@ -83,7 +83,7 @@ from pgcdc.events import (
     field_setters,
 )
 from pgcdc.lsn import LSN
-from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options
+from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options, while_slot_busy
 from pgcdc.transactions import CommittedTransaction, TransactionSink
 
 __all__ = [
@@ -905,6 +905,8 @@ def exported_slot(
 # The most pgoutput messages read to learn what changed between two snapshots: beyond, a
 # resumed snapshot copies its tables again instead.
 MAX_WINDOW_MESSAGES = 1_000_000
+# How long a resume waits for its slot to be free for the peek (as the receiver waits).
+SLOT_BUSY_SECONDS = 60.0
 
 
 Key = tuple[str, ...]  # a row's key columns, as PostgreSQL text
@@ -955,7 +957,22 @@ def window_changes(
     ``upto`` inserted or changed (``TableWindow``), read without moving the slot
     (``pg_logical_slot_peek_binary_changes``, pgoutput protocol 1, text values under the
     settings the snapshot's COPYs run with, so a key reads back as the same value). None if
-    that is more than MAX_WINDOW_MESSAGES messages."""
+    that is more than MAX_WINDOW_MESSAGES messages. While the slot is busy (the peek of a run
+    killed a moment ago may still be running on the server) it is tried again for up to
+    SLOT_BUSY_SECONDS."""
+    return while_slot_busy(
+        lambda: _window_changes(conninfo, slot, publications, upto, session_settings),
+        SLOT_BUSY_SECONDS,
+    )
+
+
+def _window_changes(
+    conninfo: str,
+    slot: str,
+    publications: Sequence[str],
+    upto: LSN,
+    session_settings: Mapping[str, str] | None,
+) -> dict[int, TableWindow] | None:
     decoder = PgOutputDecoder()
     windows: dict[int, TableWindow] = {}
     committed: LSN | None = None

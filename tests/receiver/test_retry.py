@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pgcdc import errors
-from pgcdc.receiver import Backoff, RetryPolicy, retryable
+from pgcdc.receiver import Backoff, RetryPolicy, retryable, while_slot_busy
 
 LOST = errors.ConnectionLost("server closed the connection unexpectedly")
 TERMINATED = errors.ReplicationStreamError(
@@ -86,3 +86,20 @@ def test_attempts_bound_the_retries_in_a_row() -> None:
 def test_bad_policies_are_a_typed_error(changes: dict[str, float], complaint: str) -> None:
     with pytest.raises(errors.InvalidOption, match=complaint):
         RetryPolicy(**changes)  # type: ignore[arg-type]
+
+
+def test_a_busy_slot_is_tried_again_until_free_or_the_time_is_up() -> None:
+    busy = errors.SlotInUse("slot s is active for PID 7", slot="s", active_pid=7)
+    tries: list[int] = []
+
+    def attempt() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise busy
+        return "read"
+
+    assert while_slot_busy(attempt, 10.0) == "read" and len(tries) == 3
+    tries.clear()
+    with pytest.raises(errors.SlotInUse):
+        while_slot_busy(attempt, 0.0)  # no time to wait: the first refusal is the error
+    assert len(tries) == 1
