@@ -311,10 +311,9 @@ def _forget_progress(config: PipelineConfig) -> None:
 
 @dataclass(frozen=True)
 class _Kept:
-    """A table's chunks an interrupted attempt staged at ``point``, which its commit keeps."""
+    """The chunks of a table an interrupted attempt staged, which its commit keeps: their rows,
+    COPY bytes and add actions per kind."""
 
-    point: int
-    ranges: tuple[tuple[int | None, int | None], ...]
     rows: int
     bytes: int
     adds: dict[SinkKind, list[dict[str, Any]]]
@@ -478,9 +477,7 @@ def _resumed(
         for record in held:
             for kind, staged in record["adds"].items():
                 adds[SinkKind(kind)] += staged
-        kept[name] = _Kept(
-            int(at), ranges, sum(r["rows"] for r in held), sum(r["bytes"] for r in held), adds
-        )
+        kept[name] = _Kept(sum(r["rows"] for r in held), sum(r["bytes"] for r in held), adds)
         left = _remaining(ranges, spec.pages, pages_per_chunk)
         chunks += [Chunk(spec, first, end) for first, end in left]
         looked_up = tuple(dict.fromkeys(inserted + changed))
