@@ -946,6 +946,28 @@ def _key_of(table: Table, *rows: Row | None) -> Key | None:
     return tuple(key) if key else None
 
 
+def _note(windows: dict[int, TableWindow], event: Event, committed: LSN) -> None:
+    """Add a change committed at ``committed`` to its table's window."""
+    if isinstance(event, Truncate):
+        for table in event.tables:
+            windows.setdefault(table.oid, TableWindow()).unkeyed_until = committed
+        return
+    if not isinstance(event, Insert | Update | Delete):
+        return
+    window = windows.setdefault(event.table.oid, TableWindow())
+    new = None if isinstance(event, Delete) else event.new
+    old = None if isinstance(event, Insert) else event.old
+    found = [_key_of(event.table, new, old)] if new is not None else []
+    found += [_key_of(event.table, old)] if old is not None else []
+    keys = [key for key in found if key is not None]
+    if not keys or len(keys) < len(found):
+        window.unkeyed_until = committed
+    elif isinstance(event, Insert):
+        window.inserted.append((committed, keys[0]))
+    else:
+        window.changed += [(committed, key) for key in keys]
+
+
 def window_changes(
     conninfo: str,
     slot: str,
@@ -997,25 +1019,8 @@ def _window_changes(
                 event = decoder.decode_one(row.data, row.lsn)
                 if isinstance(event, Begin):
                     committed = event.final_lsn
-                    continue
-                if committed is None or committed >= upto:
-                    continue
-                if isinstance(event, Insert | Update | Delete):
-                    window = windows.setdefault(event.table.oid, TableWindow())
-                    new = None if isinstance(event, Delete) else event.new
-                    old = None if isinstance(event, Insert) else event.old
-                    found = [_key_of(event.table, new, old)] if new is not None else []
-                    found += [_key_of(event.table, old)] if old is not None else []
-                    keys = [key for key in found if key is not None]
-                    if not keys or len(keys) < len(found):
-                        window.unkeyed_until = committed
-                    elif isinstance(event, Insert):
-                        window.inserted.append((committed, keys[0]))
-                    else:
-                        window.changed += [(committed, key) for key in keys]
-                elif isinstance(event, Truncate):
-                    for table in event.tables:
-                        windows.setdefault(table.oid, TableWindow()).unkeyed_until = committed
+                elif committed is not None and committed < upto:
+                    _note(windows, event, committed)
     return windows
 
 
