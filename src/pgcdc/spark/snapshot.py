@@ -249,13 +249,19 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
     }
     copied = _Copied(table.qualified_name, typed.num_rows, read, adds)
     if job.progress is not None and chunk.keys is None:
-        identities = prepared.column(keys.KEY) if keys.KEY in prepared.column_names else None
-        bounds = None if identities is None else pc.min_max(identities)
-        key_range = None
-        if bounds is not None and bounds["min"].is_valid:
-            key_range = [bounds["min"].as_py().hex(), bounds["max"].as_py().hex()]
-        _record(job, chunk, copied, key_range)
+        _record(job, chunk, copied, _key_range(prepared))
     return copied
+
+
+def _key_range(prepared: pa.Table) -> list[str] | None:
+    """The least and greatest ``_pgcdc_key`` of a chunk's rows, in hex; None without rows or
+    key."""
+    if keys.KEY not in prepared.column_names:
+        return None
+    bounds = pc.min_max(prepared.column(keys.KEY))
+    if not bounds["min"].is_valid:
+        return None
+    return [bounds["min"].as_py().hex(), bounds["max"].as_py().hex()]
 
 
 def _identity(spec: SnapshotTable) -> dict[str, Any]:
@@ -373,12 +379,11 @@ def _remaining(
 def _why_copied_again(
     spec: SnapshotTable,
     records: Sequence[dict[str, Any]],
-    window: TableWindow | None,
+    since: tuple[tuple[Key, ...], tuple[Key, ...]] | None,
     counts_copies: bool,
 ) -> str | None:
-    """Why none of a table's recorded chunks can be kept, or None (see ``_resumed``)."""
-    if window is None:
-        return f"more than {MAX_WINDOW_MESSAGES} changes were made since its chunks were copied"
+    """Why none of a table's recorded chunks can be kept, or None (see ``_resumed``);
+    ``since``: the keys inserted and changed since they were copied (``TableWindow.since``)."""
     if any(r["identity"] != _identity(spec) for r in records):
         return "its definition or its storage (VACUUM FULL, CLUSTER) changed since"
     if counts_copies or spec.table.replica_identity not in (
@@ -386,7 +391,6 @@ def _why_copied_again(
         ReplicaIdentity.INDEX,
     ):
         return "its rows have no key to tell the rows changed since by"
-    since = window.since(LSN(records[0]["point"]))
     if since is None:
         return "it was truncated since, or a change since did not send its key"
     touched = len(set(since[0]) | set(since[1]))
@@ -448,20 +452,24 @@ def _resumed(
     windows = window_changes(
         job.conninfo, slot, publications, LSN(job.consistent_point), job.session_settings
     )
+    if windows is None:
+        log.info(
+            "initial snapshot: more than %d changes were made since the chunks were copied: "
+            "their tables are copied again whole",
+            MAX_WINDOW_MESSAGES,
+        )
+        return {}, []
     kept: dict[str, _Kept] = {}
     chunks: list[Chunk] = []
     for spec in wanted:
         records = recorded[spec.table.oid]
         name = spec.table.qualified_name
-        window = None if windows is None else windows.get(spec.table.oid, TableWindow())
-        reason = _why_copied_again(spec, records, window, spec in copies_counted)
-        if reason is not None:
+        at = LSN(records[0]["point"])
+        since = windows.get(spec.table.oid, TableWindow()).since(at)
+        reason = _why_copied_again(spec, records, since, spec in copies_counted)
+        if reason is not None or since is None:
             log.info("initial snapshot: %s is copied again whole: %s", name, reason)
             continue
-        assert window is not None
-        at = LSN(records[0]["point"])
-        since = window.since(at)
-        assert since is not None
         inserted, changed = since
         identities = _identity_keys(job, spec.table, changed) if changed else []
         held = [r for r in records if not _may_hold(r, identities)]
