@@ -204,18 +204,27 @@ def _replayed(changes: list[dict[str, Any]]) -> dict[str, tuple[str, str, str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
-@pytest.mark.parametrize("meanwhile", ["inserts", "changes elsewhere", "changes on kept pages"])
+@pytest.mark.parametrize(
+    "meanwhile",
+    ["inserts", "changes elsewhere", "changes elsewhere, keys scattered", "changes on kept pages"],
+)
 def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     db: Database, tmp_path: Path, meanwhile: str
 ) -> None:
     """Killed once a chunk of items was copied; rows inserted while nothing runs (on kept
     pages and on others), and maybe updated and deleted. The restart keeps the chunks copied
-    unless they may hold a row changed since, copies the other pages at a new point and looks
+    unless they hold a row changed since, copies the other pages at a new point and looks
     the rows inserted or changed since up by key on the kept pages. Either way the mirror
-    equals the source and the changelog replays to it, each change once."""
+    equals the source and the changelog replays to it, each change once. With keys scattered
+    over the pages (as UUIDs are) every chunk's key range holds changed keys: the keys of its
+    staged rows tell it holds none."""
     db.execute(faults.ITEMS)
+    scattered = meanwhile.endswith("keys scattered")
+    # Scattered: the ids 1..ITEMS_ROWS in an order unrelated to the pages (7919 is prime to
+    # ITEMS_ROWS).
+    ids = f"(g::bigint * 7919) %% {ITEMS_ROWS} + 1" if scattered else "g"
     db.execute(
-        "INSERT INTO items SELECT -g, md5(g::text), 0 FROM generate_series(1, %s) g",
+        f"INSERT INTO items SELECT -({ids}), md5(g::text), 0 FROM generate_series(1, %s) g",
         (ITEMS_ROWS,),
     )
     # Room for a few rows on every page, which the free space map knows: rows inserted while
@@ -240,9 +249,11 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
         ),
         timeout=120,
     )
-    if meanwhile == "changes elsewhere":  # rows of the last pages, which no kept chunk holds
-        db.execute("UPDATE items SET n = 3 WHERE id BETWEEN -399999 AND -390000 AND id % 7 = 0")
-        db.execute("DELETE FROM items WHERE id BETWEEN -399999 AND -390000 AND id % 11 = 0")
+    if meanwhile.startswith("changes elsewhere"):  # rows of the last pages, no kept chunk's
+        last = db.scalar("SELECT relpages FROM pg_class WHERE relname = 'items'") - 100
+        assert all(end is not None and end <= last for _, end in kept), (kept, last)
+        db.execute(f"UPDATE items SET n = 3 WHERE ctid >= '({last},0)' AND id % 7 = 0")
+        db.execute(f"DELETE FROM items WHERE ctid >= '({last},0)' AND id % 11 = 0")
     elif meanwhile == "changes on kept pages":  # a row of each kept chunk
         for first, _ in kept:
             db.execute(
@@ -260,7 +271,7 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
         }
 
     assert on_kept("WHERE id > 0") == {True, False}, "inserted rows not on kept and other pages"
-    if meanwhile == "changes elsewhere":  # updated rows that moved to kept pages are looked up
+    if meanwhile.startswith("changes elsewhere"):  # updated rows moved to kept pages are found
         assert True in on_kept("WHERE n = 3"), "no updated row moved to a kept page"
 
     restarted = _run(config)
@@ -276,6 +287,8 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     else:
         assert "items resumes: " in restarted.stdout, restarted.stdout[-3000:]
         assert staged <= files, "a kept chunk was copied again"
+        if scattered:  # each kept chunk's key range held a changed key; its staged keys none
+            assert f"(the staged keys of {len(records)} read)" in restarted.stdout
     assert not _records(lake), "the chunk records outlived the snapshot"
 
     # The stream goes on from the first point, each change once.

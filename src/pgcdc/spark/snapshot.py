@@ -28,6 +28,7 @@ import logging
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from pgcdc.connection.server_errors import translated
 from pgcdc.decoding import columnar
@@ -425,6 +427,28 @@ def _may_hold(record: dict[str, Any], identities: Sequence[bytes]) -> bool:
     return at < len(identities) and identities[at] <= high
 
 
+def _staged_rows_hold(
+    job: _CopyJob, name: str, record: dict[str, Any], identities: pa.Array
+) -> bool:
+    """Whether a recorded chunk's staged rows hold one of ``identities`` (``_pgcdc_key``s),
+    read from its mirror (or history) files; True without such files (the changelog has no
+    ``_pgcdc_key``). Asked of a chunk whose key range holds one of them: keys that do not
+    follow the pages (UUIDs, text) give every chunk a range spanning nearly all, and a few
+    rows changed since would otherwise have every chunk copied again."""
+    for target in job.targets[name]:
+        staged = record["adds"].get(target.kind.value)
+        if target.kind in (SinkKind.MIRROR, SinkKind.HISTORY) and staged is not None:
+            fs, root = filesystem(target.path, job.storage or None)
+            for add in staged:
+                path = f"{root.rstrip('/')}/{urllib.parse.unquote(add['path'])}"
+                with fs.open_input_file(path) as source:
+                    held = pq.read_table(source, columns=[keys.KEY]).column(keys.KEY)
+                if pc.any(pc.is_in(held, value_set=identities)).as_py():
+                    return True
+            return False
+    return True
+
+
 def _resumed(
     config: PipelineConfig,
     job: _CopyJob,
@@ -440,8 +464,9 @@ def _resumed(
     the chunks left to copy for those tables.
 
     A row nobody changed between P and C is the same at both, on the same page. So a chunk
-    is kept unless it may hold a row an UPDATE or DELETE changed since P (judged by the range
-    of its rows' keys, which its task recorded), and the other pages are copied at C. The rows
+    is kept unless it holds a row an UPDATE or DELETE changed since P (judged by the range of
+    its rows' keys, which its task recorded, and where that range holds a changed key, by the
+    keys of its staged rows), and the other pages are copied at C. The rows
     inserted or changed since P that sit on kept pages at C are looked up by key at C. A
     table truncated since, or whose changes since cannot be told by key, is copied again whole
     (``_why_copied_again``)."""
@@ -472,7 +497,13 @@ def _resumed(
             continue
         inserted, changed = since
         identities = _identity_keys(job, spec.table, changed) if changed else []
-        held = [r for r in records if not _may_hold(r, identities)]
+        value_set = pa.array(identities, keys.KEY_TYPE)
+        in_range = [_may_hold(r, identities) for r in records]
+        held = [
+            r
+            for r, maybe in zip(records, in_range, strict=True)
+            if not maybe or not _staged_rows_hold(job, name, r, value_set)
+        ]
         if not held:
             log.info(
                 "initial snapshot: %s is copied again whole: each chunk copied may hold a row "
@@ -492,12 +523,14 @@ def _resumed(
         if looked_up:
             chunks.append(Chunk(spec, keys=looked_up, within=ranges))
         log.info(
-            "initial snapshot: %s resumes: %d of the %d chunks copied at %s kept, %d to copy, "
-            "and %d keys inserted or changed since looked up on the kept pages",
+            "initial snapshot: %s resumes: %d of the %d chunks copied at %s kept (the staged "
+            "keys of %d read), %d to copy, and %d keys inserted or changed since looked up on "
+            "the kept pages",
             name,
             len(held),
             len(records),
             at,
+            sum(in_range),
             len(left),
             len(looked_up),
         )
