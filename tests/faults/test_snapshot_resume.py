@@ -9,8 +9,6 @@ every change once."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +25,7 @@ from pgcdc.sinks.delta import SNAPSHOT_APP_SUFFIX
 from tests.cli.helpers import CLI
 from tests.conftest import Database
 from tests.faults import test_reconnect as faults
+from tests.processes import kill_everything
 
 ITEMS_ROWS = 400_000
 SLOT = "resumed"
@@ -90,8 +89,7 @@ def _killed_once(config: Path, output: Path, reached: Callable[[], bool]) -> Non
     try:
         wait_until(lambda: reached() or child.poll() is not None, timeout=300, interval=0.05)
     finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+        kill_everything(child)
 
 
 def _small_rows(db: Database) -> dict[int, str]:

@@ -30,6 +30,7 @@ from pgcdc.lsn import LSN
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
+from tests.processes import descendants, kill_everything
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,19 +194,42 @@ def _cli(tmp_path: Path, db: Database, *extra: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _jvms(processes: dict[int, str]) -> list[int]:
+    return [pid for pid, command in processes.items() if command.split(" ", 1)[0].endswith("java")]
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # a worker that ended meanwhile
+        return None
+
+
 def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the command's own processes, not Spark's JVM and its Python
+    workers (in a session of their own, which pyspark's workers would answer with a traceback
+    each): the command stops the query, Spark and the receiver in order."""
     _source(db)
     db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
     db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g")
     child = _cli(tmp_path, db)
     try:
         _wait(lambda: len(_mirror_ids(tmp_path)) == 300, 180, "the mirror")
+        below = descendants(child.pid)
+        jvms = _jvms(below)
+        assert jvms, below
+        spark = dict.fromkeys(jvms, "java")
+        for jvm in jvms:
+            spark.update(descendants(jvm))
+        assert len(spark) > len(jvms), "no Python worker of Spark's found"
+        in_group = {pid: c for pid, c in spark.items() if _group(pid) == child.pid}
+        assert not in_group, f"Spark's processes in the terminal's process group: {in_group}"
         # A terminal's Ctrl-C: SIGINT to the whole process group, the receiver included.
         os.killpg(child.pid, signal.SIGINT)
         code = child.wait(120)
     finally:
         if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
+            kill_everything(child)
     # 130: pyspark's SparkContext puts its own SIGINT handler (cancel jobs, KeyboardInterrupt)
     # over the CLI's; run() stops both parts on the way out either way.
     assert code in (0, 130), (tmp_path / "cli.log").read_text()[-3000:]
@@ -215,17 +239,30 @@ def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) 
         assert writer.last_commit_lsn > 0
 
 
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_a_killed_driver_leaves_no_receiver_behind(db: Database, tmp_path: Path) -> None:
+    """Nor Spark's JVM and workers, which run in a session of their own."""
     _source(db)
     child = _cli(tmp_path, db)
     try:
         _wait(lambda: _slot_active(db), 120, "the receiver to stream")
+        _wait(lambda: _jvms(descendants(child.pid)), 120, "Spark's JVM to start")
+        below = descendants(child.pid)
         os.kill(child.pid, signal.SIGKILL)  # the driver only, not its process group
         child.wait()
         # The receiver sees its parent gone, lets go of the slot and of the change log.
         _wait(lambda: not _slot_active(db), 30, "the orphaned receiver to exit")
+        # The JVM sees its stdin (a pipe from the driver) closed and exits, its workers too.
+        _wait(lambda: not any(map(_running, below)), 60, "Spark's processes to exit")
     finally:
-        os.killpg(child.pid, signal.SIGKILL)
+        kill_everything(child)
     db.execute("INSERT INTO items VALUES (1, 'after')")
     finisher = _cli(tmp_path, db, "--once")
     assert finisher.wait(180) == 0, (tmp_path / "cli.log").read_text()[-3000:]

@@ -14,9 +14,7 @@ JVM) while a workload writes, from the initial snapshot on, and restarts it each
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ from pgcdc.sinks import read_table
 from tests.cli.helpers import CLI
 from tests.conftest import Database
 from tests.faults import test_reconnect as faults
+from tests.processes import kill_everything
 
 from .helpers import (
     Workload,
@@ -101,8 +100,7 @@ def test_killed_driver_restarts_without_loss_or_duplicates(db: Database, tmp_pat
                 time.sleep(0.1)
             time.sleep(rng.uniform(0.0, 2.0))
         finally:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+            kill_everything(child)
         kills += 1
         written.append(_delta_commits(lake) - before)
 
@@ -175,8 +173,7 @@ def test_killed_pipeline_run_restarts_without_loss_or_duplicates(
                 time.sleep(rng.uniform(0.0, 6.0))
                 assert child.poll() is None, _tail(output)
             finally:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+                kill_everything(child)
             wait_until(lambda: _slot_pid(db) is None, timeout=120)  # its walsender gone
         workload.wait_for(workload.transactions + 10)
     finisher = _pipeline_command(db, tmp_path, output, "--once")

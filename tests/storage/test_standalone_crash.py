@@ -8,9 +8,7 @@ with every change once, and the Delta changelog holds no change twice."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ from pgcdc.sinks import read_table
 from tests.cli.helpers import CLI
 from tests.conftest import Database
 from tests.faults import test_reconnect as faults
+from tests.processes import kill_everything
 from tests.spark.cluster import StandaloneCluster, spark_cluster
 from tests.spark.test_standalone import cluster_config
 
@@ -64,8 +63,7 @@ def _start(config: Path, output: Path, *extra: str) -> subprocess.Popen[bytes]:
 
 
 def _kill(child: subprocess.Popen[bytes], db: Database) -> None:
-    os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
+    kill_everything(child)
     wait_until(lambda: _slot_pid(db) is None, timeout=120)  # its walsender gone
 
 

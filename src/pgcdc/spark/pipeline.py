@@ -215,11 +215,33 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     }
     if local:
         defaults["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
-    for key, value in {**defaults, **conf}.items():
+    settings = {**defaults, **conf}
+    for key, value in settings.items():
         builder = builder.config(key, value)
+    _start_jvm_apart(master, app_name, settings)
     spark = builder.getOrCreate()
     spark.dataSource.register(PgcdcDataSource)
     return spark
+
+
+def _start_jvm_apart(master: str, app_name: str, settings: Mapping[str, str]) -> None:
+    """Start Spark's JVM, unless one runs, in a session of its own, with the settings the
+    builder would start it with. A terminal's Ctrl-C (SIGINT to its foreground process group)
+    then reaches pgcdc's processes only, which stop the query and Spark in order; in the group
+    it also reached the JVM's Python workers, which pyspark lets print a KeyboardInterrupt
+    traceback each. The JVM still ends with the driver: it exits when its stdin, a pipe from
+    the driver, closes."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:  # pyspark's own check-and-start, as ``_ensure_initialized`` does
+        if SparkContext._gateway is None:
+            conf = SparkConf().setMaster(master).setAppName(app_name)
+            conf.setAll(list(settings.items()))
+            apart = {"start_new_session": True}
+            gateway = launch_gateway(conf, popen_kwargs=apart)  # type: ignore[no-untyped-call]
+            SparkContext._gateway = gateway
+            SparkContext._jvm = gateway.jvm
 
 
 def _checkpoint_unavailable(config: PipelineConfig, error: BaseException) -> CheckpointUnavailable:
