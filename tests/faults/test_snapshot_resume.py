@@ -204,7 +204,13 @@ def _replayed(changes: list[dict[str, Any]]) -> dict[str, tuple[str, str, str]]:
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
 @pytest.mark.parametrize(
     "meanwhile",
-    ["inserts", "changes elsewhere", "changes elsewhere, keys scattered", "changes on kept pages"],
+    [
+        "inserts",
+        "inserts, a staged file vacuumed",
+        "changes elsewhere",
+        "changes elsewhere, keys scattered",
+        "changes on kept pages",
+    ],
 )
 def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     db: Database, tmp_path: Path, meanwhile: str
@@ -215,7 +221,8 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     the rows inserted or changed since up by key on the kept pages. Either way the mirror
     equals the source and the changelog replays to it, each change once. With keys scattered
     over the pages (as UUIDs are) every chunk's key range holds changed keys: the keys of its
-    staged rows tell it holds none."""
+    staged rows tell it holds none. A chunk one of whose staged files a VACUUM removed meanwhile
+    is copied again."""
     db.execute(faults.ITEMS)
     scattered = meanwhile.endswith("keys scattered")
     # Scattered: the ids 1..ITEMS_ROWS in an order unrelated to the pages (7919 is prime to
@@ -259,6 +266,10 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
                 "AND ctid < %s::tid AND id < 0 LIMIT 1)",
                 (f"({first},0)", f"({first + 1},0)"),
             )
+    vacuumed = meanwhile.endswith("a staged file vacuumed")
+    if vacuumed:  # as a VACUUM of the history table would: the file no commit references
+        history = lake / "public" / "items" / "history"
+        (history / records[0]["adds"]["history"][0]["path"]).unlink()
     db.execute("INSERT INTO items SELECT g, 'meanwhile', 1 FROM generate_series(1, 3000) g")
     db.execute("INSERT INTO items SELECT g, 'meanwhile', 2 FROM generate_series(3001, 6000) g")
 
@@ -279,10 +290,15 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     mirror = DeltaTable(str(lake / "public" / "items" / "mirror"))
     files = {uri.rsplit("/mirror/", 1)[1] for uri in mirror.file_uris()}
     staged = {add["path"] for r in records for add in r["adds"]["mirror"]}
+    if vacuumed:
+        assert "is copied again: its staged file" in restarted.stdout, restarted.stdout[-3000:]
+        dropped = {add["path"] for add in records[0]["adds"]["mirror"]}
+        assert not dropped & files, "a chunk whose staged file is gone was kept"
+        staged -= dropped
     if meanwhile == "changes on kept pages":
         assert "items is copied again whole: each chunk copied may hold a row" in restarted.stdout
         assert not staged & files
-    else:
+    elif staged:
         assert "items resumes: " in restarted.stdout, restarted.stdout[-3000:]
         assert staged <= files, "a kept chunk was copied again"
         if scattered:  # each kept chunk's key range held a changed key; its staged keys none
@@ -299,3 +315,6 @@ def test_a_snapshot_killed_mid_table_keeps_the_chunks_it_copied(
     assert faults._mirror(lake) == source
     changelog = read_table(lake / "public" / "items" / "changelog").to_pylist()
     assert _replayed(changelog) == source
+    history = read_table(lake / "public" / "items" / "history").to_pylist()
+    current = [(str(r["id"]), r["v"], str(r["n"])) for r in history if r["_is_current"]]
+    assert len(current) == len(source) and {r[0]: r for r in current} == source

@@ -29,7 +29,14 @@ from pgcdc.sinks.staged import commit, stage
 from pgcdc.spark import snapshot as spark_snapshot
 from pgcdc.spark.changes import insert_changes, tuples_to_arrow
 from pgcdc.spark.pipeline import spark_session
-from pgcdc.spark.snapshot import SNAPSHOT_APP_SUFFIX, _may_hold, _remaining
+from pgcdc.spark.snapshot import (
+    SNAPSHOT_APP_SUFFIX,
+    _CopyJob,
+    _may_hold,
+    _remaining,
+    _Target,
+    _unusable,
+)
 from pgcdc.spark.source import spec_for
 from pgcdc.storage import StorageOptions
 from tests.conftest import Database
@@ -239,6 +246,43 @@ def test_a_recorded_chunk_may_hold_the_keys_between_its_least_and_greatest() -> 
     assert not _may_hold(record, [b"V1:5", b"V2:21", b"V3:100"])
     assert not _may_hold(record, [])
     assert not _may_hold({"key_range": None}, [b"V2:15"])  # a chunk without rows
+
+
+def test_a_recorded_chunk_is_unusable_without_its_files_as_staged_or_a_kind_now_wanted(
+    tmp_path: Path,
+) -> None:
+    """A resume keeps a chunk's staged files only if every one is there as written, and it
+    staged rows for every kind the table lands in now: else its pages are copied again."""
+    rows = pa.table({"id": pa.array(range(1000), pa.int64())})
+    targets = {}
+    for kind in (SinkKind.MIRROR, SinkKind.HISTORY):
+        path = str(tmp_path / kind.value)
+        write_deltalake(path, rows.slice(0, 0))
+        targets[kind] = _Target(kind, path, rows.schema)
+    adds = {
+        kind.value: stage(t.path, rows, t.schema, StorageOptions()) for kind, t in targets.items()
+    }
+    job = _CopyJob(
+        conninfo="",
+        snapshot_name="",
+        session_settings=None,
+        consistent_point=0,
+        commit_time=datetime.now(UTC),
+        types={},
+        targets={"public.t": tuple(targets.values())},
+        storage=StorageOptions(),
+    )
+    record = {"adds": adds, "first_page": 0, "end_page": 10}
+    assert _unusable(job, "public.t", record) is None
+    assert _unusable(job, "public.t", {**record, "adds": {"mirror": [], "history": []}}) is None
+    only_mirror = {**record, "adds": {"mirror": adds["mirror"]}}
+    assert "staged no history rows" in str(_unusable(job, "public.t", only_mirror))
+    [history_file] = adds["history"]
+    staged = Path(targets[SinkKind.HISTORY].path, history_file["path"])
+    staged.write_bytes(staged.read_bytes()[:-1])  # not as written
+    assert "is gone or changed" in str(_unusable(job, "public.t", record))
+    staged.unlink()  # gone: a VACUUM removed it
+    assert "is gone or changed" in str(_unusable(job, "public.t", record))
 
 
 def test_staged_files_take_a_dictionary_but_for_the_unique_columns(tmp_path: Path) -> None:

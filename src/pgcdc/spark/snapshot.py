@@ -427,6 +427,29 @@ def _may_hold(record: dict[str, Any], identities: Sequence[bytes]) -> bool:
     return at < len(identities) and identities[at] <= high
 
 
+def _staged_path(target: _Target, add: dict[str, Any], storage: StorageOptions) -> tuple[Any, str]:
+    """The file system and path of a staged file (``add``: its add action) of ``target``."""
+    fs, root = filesystem(target.path, storage or None)
+    return fs, f"{root.rstrip('/')}/{urllib.parse.unquote(add['path'])}"
+
+
+def _unusable(job: _CopyJob, name: str, record: dict[str, Any]) -> str | None:
+    """Why a recorded chunk cannot go into the table's commit as it is, or None: it staged no
+    rows for one of the table's kinds now (its kinds changed since), or one of its staged files
+    is gone or not as written (a VACUUM of the table meanwhile removes files no commit
+    references). Its pages are then copied again."""
+    for target in job.targets[name]:
+        staged = record["adds"].get(target.kind.value)
+        if staged is None:
+            return f"it staged no {target.kind.value} rows (the table's kinds changed since)"
+        for add in staged:
+            fs, path = _staged_path(target, add, job.storage)
+            info = fs.get_file_info(path)
+            if info.type != pafs.FileType.File or info.size != add["size"]:
+                return f"its staged file {path} is gone or changed since"
+    return None
+
+
 def _staged_rows_hold(
     job: _CopyJob, name: str, record: dict[str, Any], identities: pa.Array
 ) -> bool:
@@ -438,9 +461,8 @@ def _staged_rows_hold(
     for target in job.targets[name]:
         staged = record["adds"].get(target.kind.value)
         if target.kind in (SinkKind.MIRROR, SinkKind.HISTORY) and staged is not None:
-            fs, root = filesystem(target.path, job.storage or None)
             for add in staged:
-                path = f"{root.rstrip('/')}/{urllib.parse.unquote(add['path'])}"
+                fs, path = _staged_path(target, add, job.storage)
                 with fs.open_input_file(path) as source:
                     held = pq.read_table(source, columns=[keys.KEY]).column(keys.KEY)
                 if pc.any(pc.is_in(held, value_set=identities)).as_py():
@@ -495,6 +517,20 @@ def _resumed(
         if reason is not None or since is None:
             log.info("initial snapshot: %s is copied again whole: %s", name, reason)
             continue
+        usable = []
+        for record in records:
+            why = _unusable(job, name, record)
+            if why is None:
+                usable.append(record)
+            else:
+                log.warning(
+                    "initial snapshot: %s: the chunk of pages %s to %s is copied again: %s",
+                    name,
+                    record["first_page"] or 0,
+                    "the end" if record["end_page"] is None else record["end_page"],
+                    why,
+                )
+        records = usable
         inserted, changed = since
         identities = _identity_keys(job, spec.table, changed) if changed else []
         value_set = pa.array(identities, keys.KEY_TYPE)
@@ -506,9 +542,11 @@ def _resumed(
         ]
         if not held:
             log.info(
-                "initial snapshot: %s is copied again whole: each chunk copied may hold a row "
-                "changed since",
+                "initial snapshot: %s is copied again whole: %s",
                 name,
+                "each chunk copied may hold a row changed since"
+                if records
+                else "none of the chunks copied can go into its commit as they are",
             )
             continue
         ranges = tuple((r["first_page"], r["end_page"]) for r in held)
