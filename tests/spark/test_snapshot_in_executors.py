@@ -34,6 +34,7 @@ from pgcdc.spark.snapshot import (
     _CopyJob,
     _may_hold,
     _remaining,
+    _staged_rows_hold,
     _Target,
     _unusable,
 )
@@ -248,6 +249,44 @@ def test_a_recorded_chunk_may_hold_the_keys_between_its_least_and_greatest() -> 
     assert not _may_hold({"key_range": None}, [b"V2:15"])  # a chunk without rows
 
 
+def _job(*targets: _Target) -> _CopyJob:
+    """A snapshot job landing table public.t in ``targets``, for what a resume asks of it."""
+    return _CopyJob(
+        conninfo="",
+        snapshot_name="",
+        session_settings=None,
+        consistent_point=0,
+        commit_time=datetime.now(UTC),
+        types={},
+        targets={"public.t": targets},
+        storage=StorageOptions(),
+    )
+
+
+def test_a_chunk_holds_a_changed_key_when_its_staged_rows_do(tmp_path: Path) -> None:
+    """Asked when a chunk's key range holds a changed key: its staged ``_pgcdc_key``s decide;
+    without a mirror or history file (no ``_pgcdc_key``) or with an unreadable one, it may."""
+    keys = [f"V{len(str(i))}:{i}".encode() for i in range(1000)]
+    rows = pa.table({"id": pa.array(range(1000), pa.int64()), "_pgcdc_key": keys})
+    path = str(tmp_path / "mirror")
+    write_deltalake(path, rows.slice(0, 0))
+    mirror = _Target(SinkKind.MIRROR, path, rows.schema)
+    record = {"adds": {"mirror": stage(path, rows, rows.schema, StorageOptions())}}
+    job = _job(mirror)
+
+    def holds(*changed: bytes, job: _CopyJob = job) -> bool:
+        return _staged_rows_hold(job, "public.t", record, pa.array(changed, pa.binary()))
+
+    assert holds(b"V3:500") and holds(b"V1:7", b"V4:5000")
+    assert not holds(b"V4:5000") and not holds(b"V3:5000", b"V2:5")
+    changelog = _Target(SinkKind.CHANGELOG, str(tmp_path / "changelog"), rows.schema)
+    assert holds(b"V4:5000", job=_job(changelog))  # no key column to read: the range decides
+    [add] = record["adds"]["mirror"]
+    staged = Path(path, add["path"])
+    staged.write_bytes(b"\0" * staged.stat().st_size)  # unreadable, of the size written
+    assert holds(b"V4:5000")
+
+
 def test_a_recorded_chunk_is_unusable_without_its_files_as_staged_or_a_kind_now_wanted(
     tmp_path: Path,
 ) -> None:
@@ -262,16 +301,7 @@ def test_a_recorded_chunk_is_unusable_without_its_files_as_staged_or_a_kind_now_
     adds = {
         kind.value: stage(t.path, rows, t.schema, StorageOptions()) for kind, t in targets.items()
     }
-    job = _CopyJob(
-        conninfo="",
-        snapshot_name="",
-        session_settings=None,
-        consistent_point=0,
-        commit_time=datetime.now(UTC),
-        types={},
-        targets={"public.t": tuple(targets.values())},
-        storage=StorageOptions(),
-    )
+    job = _job(*targets.values())
     record = {"adds": adds, "first_page": 0, "end_page": 10}
     assert _unusable(job, "public.t", record) is None
     assert _unusable(job, "public.t", {**record, "adds": {"mirror": [], "history": []}}) is None

@@ -457,14 +457,24 @@ def _staged_rows_hold(
     read from its mirror (or history) files; True without such files (the changelog has no
     ``_pgcdc_key``). Asked of a chunk whose key range holds one of them: keys that do not
     follow the pages (UUIDs, text) give every chunk a range spanning nearly all, and a few
-    rows changed since would otherwise have every chunk copied again."""
+    rows changed since would otherwise have every chunk copied again. A file that cannot be
+    read counts as holding one: the chunk is copied again, not committed."""
     for target in job.targets[name]:
         staged = record["adds"].get(target.kind.value)
         if target.kind in (SinkKind.MIRROR, SinkKind.HISTORY) and staged is not None:
             for add in staged:
                 fs, path = _staged_path(target, add, job.storage)
-                with fs.open_input_file(path) as source:
-                    held = pq.read_table(source, columns=[keys.KEY]).column(keys.KEY)
+                try:
+                    with fs.open_input_file(path) as source:
+                        held = pq.read_table(source, columns=[keys.KEY]).column(keys.KEY)
+                except (OSError, pa.ArrowException) as error:
+                    log.warning(
+                        "initial snapshot: %s: %s is unreadable (%s); its chunk is copied again",
+                        name,
+                        path,
+                        error,
+                    )
+                    return True
                 if pc.any(pc.is_in(held, value_set=identities)).as_py():
                     return True
             return False
