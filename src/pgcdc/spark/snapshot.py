@@ -450,6 +450,25 @@ def _unusable(job: _CopyJob, name: str, record: dict[str, Any]) -> str | None:
     return None
 
 
+def _usable(job: _CopyJob, name: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records whose chunks can go into the table's commit as they are; the others are
+    logged, with why, and their pages copied again (``_unusable``)."""
+    usable = []
+    for record in records:
+        why = _unusable(job, name, record)
+        if why is None:
+            usable.append(record)
+            continue
+        log.warning(
+            "initial snapshot: %s: the chunk of pages %s to %s is copied again: %s",
+            name,
+            record["first_page"] or 0,
+            "the end" if record["end_page"] is None else record["end_page"],
+            why,
+        )
+    return usable
+
+
 def _staged_rows_hold(
     job: _CopyJob, name: str, record: dict[str, Any], identities: pa.Array
 ) -> bool:
@@ -527,20 +546,7 @@ def _resumed(
         if reason is not None or since is None:
             log.info("initial snapshot: %s is copied again whole: %s", name, reason)
             continue
-        usable = []
-        for record in records:
-            why = _unusable(job, name, record)
-            if why is None:
-                usable.append(record)
-            else:
-                log.warning(
-                    "initial snapshot: %s: the chunk of pages %s to %s is copied again: %s",
-                    name,
-                    record["first_page"] or 0,
-                    "the end" if record["end_page"] is None else record["end_page"],
-                    why,
-                )
-        records = usable
+        records = _usable(job, name, records)
         inserted, changed = since
         identities = _identity_keys(job, spec.table, changed) if changed else []
         value_set = pa.array(identities, keys.KEY_TYPE)
