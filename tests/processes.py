@@ -32,6 +32,15 @@ def descendants(pid: int) -> dict[int, str]:
     return found
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def kill_everything(child: subprocess.Popen[bytes]) -> None:
     """SIGKILL a command started with ``start_new_session=True``: its process group and every
     process below it (Spark's JVM and its workers too, which would otherwise end on their own

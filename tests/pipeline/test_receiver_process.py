@@ -30,7 +30,7 @@ from pgcdc.lsn import LSN
 from pgcdc.sinks import SinkKind, read_table
 from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
-from tests.processes import descendants, kill_everything
+from tests.processes import descendants, kill_everything, running
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,14 +239,6 @@ def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) 
         assert writer.last_commit_lsn > 0
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_a_killed_driver_leaves_no_receiver_behind(db: Database, tmp_path: Path) -> None:
     """Nor Spark's JVM and workers, which run in a session of their own."""
     _source(db)
@@ -260,7 +252,7 @@ def test_a_killed_driver_leaves_no_receiver_behind(db: Database, tmp_path: Path)
         # The receiver sees its parent gone, lets go of the slot and of the change log.
         _wait(lambda: not _slot_active(db), 30, "the orphaned receiver to exit")
         # The JVM sees its stdin (a pipe from the driver) closed and exits, its workers too.
-        _wait(lambda: not any(map(_running, below)), 60, "Spark's processes to exit")
+        _wait(lambda: not any(map(running, below)), 60, "Spark's processes to exit")
     finally:
         kill_everything(child)
     db.execute("INSERT INTO items VALUES (1, 'after')")
