@@ -617,7 +617,7 @@ def _columnar_batch(table: Table, rows: list[Row], plan: _Plan) -> pa.RecordBatc
         return None
     lengths = np.fromiter(map(len, datas), np.int64, len(datas))
     ends = np.cumsum(lengths)
-    buffer = columnar.WireBuffer(b"".join(datas))
+    buffer = columnar.WireBuffer.joined(datas)
     framed = columnar.frame_rows(buffer, ends - lengths, ends, len(table.columns))
     if framed is None:
         return None

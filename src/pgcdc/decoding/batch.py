@@ -141,7 +141,7 @@ def _frame(
     lengths = np.fromiter(map(len, payloads), np.int64, count)
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    buffer = columnar.WireBuffer(b"".join(payloads))
+    buffer = columnar.WireBuffer.joined(payloads)
     first = buffer.u8[starts]
     change = ((first == _INSERT) | (first == _UPDATE) | (first == _DELETE)) & (lengths > 0)
     passive = ((first == _BEGIN) | (first == _COMMIT)) & (lengths > 0)

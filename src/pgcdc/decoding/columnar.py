@@ -19,6 +19,7 @@ what the per-value codecs would produce exactly is either marked for them or mak
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,8 +68,20 @@ class WireBuffer:
     __slots__ = ("_views", "buffer", "data", "size", "u8")
 
     def __init__(self, data: bytes) -> None:
-        self.size = len(data)
-        self.data = data + _PAD
+        self._hold(data + _PAD, len(data))
+
+    @classmethod
+    def joined(cls, parts: Iterable[bytes | pa.Buffer]) -> WireBuffer:
+        """The ``parts`` (bytes, or Arrow buffers) one after the other: copied once, with the
+        padding, where ``WireBuffer(b"".join(parts))`` copies every byte twice."""
+        buffer = cls.__new__(cls)
+        padded = b"".join([*parts, _PAD])
+        buffer._hold(padded, len(padded) - len(_PAD))
+        return buffer
+
+    def _hold(self, padded: bytes, size: int) -> None:
+        self.size = size
+        self.data = padded
         self.u8: npt.NDArray[np.uint8] = np.frombuffer(self.data, np.uint8)
         self.buffer = pa.py_buffer(self.data)
         self._views: dict[str, np.ndarray] = {}
@@ -288,8 +301,8 @@ def first_unreadable_row(
     base = int(bounds[0])
     bounds -= base
     size = int(bounds[-1])
-    data = data_buffer.slice(base, size).to_pybytes() if size else b""
-    buffer = WireBuffer(data)
+    buffer = WireBuffer.joined([data_buffer.slice(base, size)] if size else [])
+    data = buffer.data
     valid = np.asarray(rows.is_valid(), dtype=bool)
     starts, limits = bounds[:-1], bounds[1:]
     sized = valid & (limits - starts >= 2)

@@ -98,10 +98,10 @@ def tuples_to_arrow(
     offsets = np.frombuffer(filled.buffers()[1], np.int32)[filled.offset :][: len(filled) + 1]
     offsets = offsets.astype(np.int64)
     values = filled.buffers()[2]
-    data = b"" if values is None else values[int(offsets[0]) : int(offsets[-1])].to_pybytes()
+    data = [] if values is None else [values[int(offsets[0]) : int(offsets[-1])]]
     ends = offsets[1:] - offsets[0]
     starts = offsets[:-1] - offsets[0]
-    framed = columnar.frame_rows(columnar.WireBuffer(data), starts, ends, width)
+    framed = columnar.frame_rows(columnar.WireBuffer.joined(data), starts, ends, width)
     if framed is None:
         return rows_to_arrow(table, _rows(column, EncodedRow(empty)), options, types)
     return framed_to_arrow(table, *framed, options, types)
