@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given
@@ -281,6 +282,39 @@ def test_changelog_columns(sink: DeltaSink) -> None:
     assert log.column("_old").to_pylist()[1] == {"id": 1, "name": None, "body": None, "qty": None}
     assert log.schema.field("_commit_lsn").type == pa.int64()
     assert log.schema.field("_old").type == pa.struct(list(delta_schema(ITEMS_SCHEMA)))
+
+
+def _encodings(table_path: str) -> dict[str, set[str]]:
+    """Each top-level column's encodings over the table's data files."""
+    found: dict[str, set[str]] = {}
+    for uri in DeltaTable(table_path).file_uris():
+        meta = pq.ParquetFile(uri).metadata
+        for group in range(meta.num_row_groups):
+            for i in range(meta.num_columns):
+                column = meta.row_group(group).column(i)
+                found.setdefault(column.path_in_schema, set()).update(column.encodings)
+    return found
+
+
+def test_batches_write_plain_pages_where_values_do_not_repeat(sink: DeltaSink) -> None:
+    """A batch's files get a dictionary for the columns whose values repeat and plain pages
+    for those whose values are distinct (a dictionary there costs a hash of every value)."""
+    src = Source(items_spec())
+    for i in range(2_000):
+        src.insert(id=i, name=f"name {i}", body="same", qty=i % 7)
+        if i % 4 == 3:
+            src.commit()
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    for kind, distinct in (
+        (SinkKind.CHANGELOG, {"id", "name", "_lsn"}),
+        (SinkKind.MIRROR, {"id", "name", "_pgcdc_key"}),
+    ):
+        encodings = _encodings(sink.path(src.spec, kind))
+        dictionary = {n for n, used in encodings.items() if "RLE_DICTIONARY" in used}
+        assert not distinct & dictionary, (kind, distinct & dictionary)
+        assert {"body", "qty", "_commit_lsn"} <= dictionary, (kind, encodings)
+    check_all(sink, src)
 
 
 def test_bad_batches_are_typed_errors(tmp_path: Path) -> None:

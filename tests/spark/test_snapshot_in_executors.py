@@ -315,20 +315,28 @@ def test_a_recorded_chunk_is_unusable_without_its_files_as_staged_or_a_kind_now_
     assert "is gone or changed" in str(_unusable(job, "public.t", record))
 
 
-def test_staged_files_take_a_dictionary_but_for_the_unique_columns(tmp_path: Path) -> None:
-    """A column of few values is dictionary-encoded (several times smaller); the columns the
-    caller names unique are not (a dictionary there only costs)."""
+def test_staged_files_take_a_dictionary_where_values_repeat(tmp_path: Path) -> None:
+    """A column of few values is dictionary-encoded (several times smaller), as is one of
+    thousands; a column of distinct values is not, a key or not (a dictionary there only costs,
+    and then falls back)."""
+    count = 10_000
     rows = pa.table(
         {
-            "id": pa.array(range(10_000), pa.int64()),
+            "id": pa.array(range(count), pa.int64()),
             "status": pa.array(["new", "paid", "shipped"] * 3333 + ["new"]),
+            "amount": pa.array([i * 7.25 for i in range(count)], pa.float64()),
+            "balance": pa.array([(i * 7919) % 3000 for i in range(count)], pa.int32()),
+            "note": pa.array([None] * count, pa.string()),
+            "tags": pa.array([["a"]] * count, pa.list_(pa.string())),
         }
     )
     path = str(tmp_path / "t")
     write_deltalake(path, rows.slice(0, 0))
-    adds = stage(path, rows, rows.schema, StorageOptions(), unique=("id", "absent"))
-    [add] = adds
+    [add] = stage(path, rows, rows.schema, StorageOptions())
     meta = pq.ParquetFile(f"{path}/{add['path']}").metadata.row_group(0)
-    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(2)}
-    assert "RLE_DICTIONARY" in encodings["status"], encodings
-    assert "RLE_DICTIONARY" not in encodings["id"], encodings
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
+    dictionary = {name for name, used in encodings.items() if "RLE_DICTIONARY" in used}
+    assert dictionary == {"status", "balance", "note", "tags.list.item"}, encodings
+    assert pq.read_table(f"{path}/{add['path']}").equals(rows)

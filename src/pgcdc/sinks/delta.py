@@ -78,6 +78,7 @@ from pgcdc.events import Column, Table
 from pgcdc.sinks import changes as c
 from pgcdc.sinks import keys as k
 from pgcdc.sinks.kinds import SinkKind
+from pgcdc.sinks.parquet import writer_properties
 from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
 from pgcdc.sinks.read import dataset
@@ -396,6 +397,16 @@ def _commit(app_id: str, version: int) -> CommitProperties:
     return CommitProperties(app_transactions=[Transaction(app_id, version)])
 
 
+def _append(table: DeltaTable, rows: pa.Table, commit: CommitProperties) -> None:
+    write_deltalake(
+        table,
+        rows,
+        mode="append",
+        commit_properties=commit,
+        writer_properties=writer_properties(rows),
+    )
+
+
 def _has_data(table: DeltaTable) -> bool:
     return bool(table.file_uris())
 
@@ -504,7 +515,7 @@ def _write_changelog(
     opened: DeltaTable | None,
 ) -> None:
     table, schema = _ensure(path, changelog_schema(dspec), dspec, so, opened)
-    write_deltalake(table, align(changes, schema), mode="append", commit_properties=commit)
+    _append(table, align(changes, schema), commit)
 
 
 def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
@@ -707,7 +718,7 @@ def _write_mirror(
         lineage = [v.row for v in upserts]
     rows = _mirror_rows(dspec, changes, rows, lineage)
     if not _has_data(table):
-        write_deltalake(table, align(rows, schema), mode="append", commit_properties=commit)
+        _append(table, align(rows, schema), commit)
         return
     source_schema = schema.append(pa.field(_ACTION, pa.string()))
     upsert_rows = rows.append_column(_ACTION, pa.array(["upsert"] * rows.num_rows, pa.string()))
@@ -726,6 +737,7 @@ def _write_mirror(
         source_alias="s",
         target_alias="t",
         commit_properties=commit,
+        writer_properties=writer_properties(rows),
     )
     merger = merger.when_matched_delete(predicate=f"s.{_ACTION} = 'delete'")
     merger = merger.when_matched_update(
@@ -812,7 +824,7 @@ def _write_history(
         closed_ends = np.array([p.target_closed[k] for k in closed], dtype=np.int64)
     rows = _history_rows(dspec, changes, rows, starts, ends)
     if (closed_keys.num_rows == 0 and truncate_row is None) or not _has_data(table):
-        write_deltalake(table, align(rows, schema), mode="append", commit_properties=commit)
+        _append(table, align(rows, schema), commit)
         return
     source_schema = schema.append(pa.field(_ACTION, pa.string()))
     closing = pa.array(closed_ends, pa.int64())
@@ -842,6 +854,7 @@ def _write_history(
         source_alias="s",
         target_alias="t",
         commit_properties=commit,
+        writer_properties=writer_properties(rows),
     )
     merger = merger.when_matched_update(
         updates={

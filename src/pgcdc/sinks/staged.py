@@ -14,40 +14,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from deltalake import (
-    ColumnProperties,
-    CommitProperties,
-    DeltaTable,
-    Transaction,
-    WriterProperties,
-    write_deltalake,
-)
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
 
 from pgcdc.errors import SinkError
+from pgcdc.sinks.parquet import writer_properties
 from pgcdc.sinks.schema import align
 from pgcdc.storage import StorageOptions, filesystem
 
 STAGING_DIRECTORY = "pgcdc-snapshot"
 _FIRST_COMMIT = "_delta_log/" + "0" * 20 + ".json"
-# Snappy-compressed pages, dictionary-encoded but for the columns the caller names unique: a
-# dictionary there (the key, ``_pgcdc_key``, ``_seq``) only costs a hash of every value, while
-# on a column of few values (a status, a country) it makes the pages several times smaller.
-# Statistics stay as delta-rs writes them: the add actions carry them.
-_PLAIN = ColumnProperties(dictionary_enabled=False)
-_DICTIONARY = ColumnProperties(dictionary_enabled=True)
-
-
-def writer_properties(unique: Collection[str] = ()) -> WriterProperties:
-    return WriterProperties(
-        compression="SNAPPY",
-        default_column_properties=_DICTIONARY,
-        column_properties=dict.fromkeys(unique, _PLAIN) or None,
-    )
 
 
 def stage(
@@ -55,25 +35,23 @@ def stage(
     rows: pa.Table,
     schema: pa.Schema,
     storage: StorageOptions,
-    *,
-    unique: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Write ``rows`` (aligned to the target's ``schema``) as data files of the Delta table at
     ``table_path`` without committing them; returns their add actions (the Delta log's
-    ``add`` objects). ``unique``: columns whose values do not repeat, written without a
-    dictionary. Each call writes under a name of its own, so a retried task never meets an
+    ``add`` objects). Each call writes under a name of its own, so a retried task never meets an
     earlier attempt's files."""
     if rows.num_rows == 0:
         return []
     name = uuid.uuid4().hex
     relative = f"{STAGING_DIRECTORY}/{name}"
     staging = f"{table_path.rstrip('/')}/{relative}"
+    aligned = align(rows, schema)
     write_deltalake(
         staging,
-        align(rows, schema),
+        aligned,
         mode="error",
         storage_options=storage.delta(),
-        writer_properties=writer_properties([n for n in unique if n in schema.names]),
+        writer_properties=writer_properties(aligned),
     )
     fs, path = filesystem(staging, storage or None)
     with fs.open_input_stream(f"{path}/{_FIRST_COMMIT}") as log:

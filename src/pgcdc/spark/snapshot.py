@@ -52,7 +52,6 @@ from pgcdc.events import ReplicaIdentity, Table, encode_tuple_data
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS
 from pgcdc.sinks import keys
-from pgcdc.sinks.changes import SEQ
 from pgcdc.sinks.delta import (
     SNAPSHOT_APP_SUFFIX,
     DeltaSink,
@@ -241,12 +240,8 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
     dspec, prepared = prepare(spec_for(table, changes.schema), changes)
     targets = job.targets[table.qualified_name]
     built = initial_rows([target.kind for target in targets], dspec, prepared)
-    # The key when it is one column, ``_pgcdc_key`` and ``_seq`` never repeat in a snapshot.
-    unique = (keys.KEY, SEQ, *(dspec.key_columns if len(dspec.key_columns) == 1 else ()))
     adds = {
-        target.kind: stage(
-            target.path, built[target.kind], target.schema, job.storage, unique=unique
-        )
+        target.kind: stage(target.path, built[target.kind], target.schema, job.storage)
         for target in targets
     }
     copied = _Copied(table.qualified_name, typed.num_rows, read, adds)
