@@ -28,6 +28,7 @@ from pgcdc.sinks.delta import (
     initial_rows,
     prepare,
 )
+from pgcdc.sinks.parquet import writer_properties
 from pgcdc.sinks.schema import delta_schema
 
 from .model import ITEMS_SCHEMA, Source, items_spec, state_at
@@ -415,3 +416,16 @@ def test_initial_rows_refuse_what_a_snapshot_cannot_hold() -> None:
         for kind in (SinkKind.MIRROR, SinkKind.HISTORY):
             with pytest.raises(InvalidChangeBatch, match="INSERTs of distinct rows"):
                 initial_rows([kind], dspec, changes)
+
+
+def test_writer_properties_take_columns_arrow_cannot_count() -> None:
+    """Columns of types ``count_distinct`` has no kernel for keep the default (a dictionary)
+    rather than failing the write."""
+    rows = pa.table(
+        {
+            "nothing": pa.array([None] * 600, pa.null()),
+            "view": pa.array([str(i) for i in range(600)], pa.string_view()),
+            "id": pa.array(range(600), pa.int64()),
+        }
+    )
+    assert writer_properties(rows) is not None

@@ -27,14 +27,18 @@ _LEAST_SAMPLE = 512
 def writer_properties(rows: pa.Table) -> WriterProperties:
     """Properties for writing ``rows``: plain pages for a column when at least 90% of its
     first ``_SAMPLE_ROWS`` values are distinct, a dictionary otherwise (and for all columns of
-    fewer than ``_LEAST_SAMPLE`` rows, and nested ones)."""
+    fewer than ``_LEAST_SAMPLE`` rows, nested ones, and those Arrow cannot count)."""
     sample = rows.slice(0, _SAMPLE_ROWS)
     plain = {}
     if sample.num_rows >= _LEAST_SAMPLE:
         for name, column in zip(sample.column_names, sample.columns, strict=True):
             if pa.types.is_nested(column.type):
                 continue
-            if pc.count_distinct(column).as_py() * 10 >= len(column) * 9:
+            try:
+                distinct = pc.count_distinct(column).as_py()
+            except pa.ArrowNotImplementedError:  # a type it has no kernel for (null, views)
+                continue
+            if distinct * 10 >= len(column) * 9:
                 plain[name] = _PLAIN
     return WriterProperties(
         compression="SNAPPY",
