@@ -7,7 +7,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given
@@ -30,6 +29,7 @@ from pgcdc.sinks.delta import (
 )
 from pgcdc.sinks.parquet import writer_properties
 from pgcdc.sinks.schema import delta_schema
+from tests.parquet import dictionary_columns
 
 from .model import ITEMS_SCHEMA, Source, items_spec, state_at
 
@@ -285,18 +285,6 @@ def test_changelog_columns(sink: DeltaSink) -> None:
     assert log.schema.field("_old").type == pa.struct(list(delta_schema(ITEMS_SCHEMA)))
 
 
-def _encodings(table_path: str) -> dict[str, set[str]]:
-    """Each top-level column's encodings over the table's data files."""
-    found: dict[str, set[str]] = {}
-    for uri in DeltaTable(table_path).file_uris():
-        meta = pq.ParquetFile(uri).metadata
-        for group in range(meta.num_row_groups):
-            for i in range(meta.num_columns):
-                column = meta.row_group(group).column(i)
-                found.setdefault(column.path_in_schema, set()).update(column.encodings)
-    return found
-
-
 def test_batches_write_plain_pages_where_values_do_not_repeat(sink: DeltaSink) -> None:
     """A batch's files get a dictionary for the columns whose values repeat and plain pages
     for those whose values are distinct (a dictionary there costs a hash of every value)."""
@@ -311,10 +299,9 @@ def test_batches_write_plain_pages_where_values_do_not_repeat(sink: DeltaSink) -
         (SinkKind.CHANGELOG, {"id", "name", "_lsn"}),
         (SinkKind.MIRROR, {"id", "name", "_pgcdc_key"}),
     ):
-        encodings = _encodings(sink.path(src.spec, kind))
-        dictionary = {n for n, used in encodings.items() if "RLE_DICTIONARY" in used}
+        dictionary = dictionary_columns(*DeltaTable(sink.path(src.spec, kind)).file_uris())
         assert not distinct & dictionary, (kind, distinct & dictionary)
-        assert {"body", "qty", "_commit_lsn"} <= dictionary, (kind, encodings)
+        assert {"body", "qty", "_commit_lsn"} <= dictionary, (kind, dictionary)
     check_all(sink, src)
 
 

@@ -41,6 +41,7 @@ from pgcdc.spark.snapshot import (
 from pgcdc.spark.source import spec_for
 from pgcdc.storage import StorageOptions
 from tests.conftest import Database
+from tests.parquet import dictionary_columns
 from tests.snapshot.test_copy_binary import EVERY_TYPE
 
 from .helpers import lake_path, mirror_rows, table_rows
@@ -333,10 +334,6 @@ def test_staged_files_take_a_dictionary_where_values_repeat(tmp_path: Path) -> N
     path = str(tmp_path / "t")
     write_deltalake(path, rows.slice(0, 0))
     [add] = stage(path, rows, rows.schema, StorageOptions())
-    meta = pq.ParquetFile(f"{path}/{add['path']}").metadata.row_group(0)
-    encodings = {
-        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
-    }
-    dictionary = {name for name, used in encodings.items() if "RLE_DICTIONARY" in used}
-    assert dictionary == {"status", "balance", "note", "tags.list.item"}, encodings
+    dictionary = dictionary_columns(f"{path}/{add['path']}")
+    assert dictionary == {"status", "balance", "note", "tags.list.item"}, dictionary
     assert pq.read_table(f"{path}/{add['path']}").equals(rows)
