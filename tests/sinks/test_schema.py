@@ -14,7 +14,15 @@ from deltalake import DeltaTable
 from pgcdc.errors import SchemaChangeError
 from pgcdc.sinks import DeltaSink, SinkKind, read_table
 from pgcdc.sinks.delta import table_schema
-from pgcdc.sinks.schema import INTERVAL_STRUCT, UnsupportedType, delta_type, fits, to_delta
+from pgcdc.sinks.schema import (
+    INTERVAL_STRUCT,
+    UnsupportedType,
+    align,
+    contiguous,
+    delta_type,
+    fits,
+    to_delta,
+)
 
 from .model import Source, items_spec
 
@@ -209,3 +217,33 @@ def test_spec_from_relation_uses_replica_identity_or_primary_key() -> None:
         TableSpec.from_relation(Relation(LSN(1), keyed), pa.schema([("id", pa.int32())]))
     with pytest.raises(InvalidChangeBatch, match="clash"):
         TableSpec("s", "t", pa.schema([("_op", pa.string())]), (), LSN(1))
+
+
+def test_contiguous_keeps_a_single_chunk_and_joins_several() -> None:
+    """A column of one chunk is used as it is (``combine_chunks`` would copy it), slice offset
+    and all; several chunks are joined."""
+    sliced = pa.array(range(10), pa.int64()).slice(3, 5)
+    one = contiguous(pa.chunked_array([sliced]))
+    assert one.buffers()[1].address == sliced.buffers()[1].address
+    assert one.offset == 3 and one.to_pylist() == [3, 4, 5, 6, 7]
+    several = contiguous(pa.chunked_array([pa.array([1, 2]), pa.array([None, 4])]))
+    assert several.to_pylist() == [1, 2, None, 4]
+    assert contiguous(pa.chunked_array([], pa.int64())).to_pylist() == []
+
+
+def test_align_keeps_values_of_sliced_columns() -> None:
+    """Columns that are slices of larger arrays (an offset into shared buffers) keep their own
+    values through ``align``, structs included, while missing columns come back null and
+    narrower types are widened."""
+    ids = pa.array(range(8), pa.int32()).slice(2, 4)
+    old = pa.StructArray.from_arrays(
+        [pa.array(["a", "b", "c", "d", "e", "f", "g", "h"])], names=["name"]
+    ).slice(4, 4)
+    table = pa.table({"id": ids, "old": old})
+    old_type = pa.struct([("name", pa.string()), ("qty", pa.int16())])
+    schema = pa.schema([("id", pa.int64()), ("old", old_type), ("qty", pa.int16())])
+    aligned = align(table, schema)
+    assert aligned.schema == schema
+    assert aligned.column("id").to_pylist() == [2, 3, 4, 5]
+    assert aligned.column("old").to_pylist() == [{"name": n, "qty": None} for n in "efgh"]
+    assert aligned.column("qty").to_pylist() == [None] * 4

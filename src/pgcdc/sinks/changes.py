@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from pgcdc.errors import InvalidChangeBatch
 from pgcdc.events import Column, Relation, ReplicaIdentity
 from pgcdc.lsn import LSN
+from pgcdc.sinks.schema import contiguous
 
 OP = "_op"
 COMMIT_LSN = "_commit_lsn"
@@ -215,7 +216,7 @@ def normalize(spec: TableSpec, changes: pa.Table) -> pa.Table:
         if field.name not in changes.column_names:
             arrays.append(pa.nulls(changes.num_rows, field.type))
             continue
-        array = changes.column(field.name).combine_chunks()
+        array = contiguous(changes.column(field.name))
         arrays.append(_cast(name, field.name, array, field.type))
     result = pa.Table.from_arrays(arrays, schema=expected)
     _check_rows(spec, result)
@@ -228,7 +229,7 @@ def _normalize_old(spec: TableSpec, changes: pa.Table) -> pa.Array:
     count = changes.num_rows
     if OLD not in changes.column_names:
         return pa.nulls(count, target)
-    old = changes.column(OLD).combine_chunks()
+    old = contiguous(changes.column(OLD))
     if not pa.types.is_struct(old.type):
         raise InvalidChangeBatch(f"{spec.qualified_name}: _old must be a struct, not {old.type}")
     present = {old.type.field(i).name: i for i in range(old.type.num_fields)}

@@ -84,6 +84,7 @@ from pgcdc.sinks.plan import Key, Version, assemble, plan
 from pgcdc.sinks.read import dataset
 from pgcdc.sinks.schema import (
     align,
+    contiguous,
     delta_schema,
     evolve,
     normalize_read_type,
@@ -127,7 +128,7 @@ def prepare(spec: c.TableSpec, changes: pa.Table) -> tuple[c.TableSpec, pa.Table
     dspec = replace(spec, schema=delta_schema(spec.schema))
     arrays: dict[str, pa.Array] = {}
     for name in normalized.column_names:
-        array = normalized.column(name).combine_chunks()
+        array = contiguous(normalized.column(name))
         if name in (c.COMMIT_LSN, c.LSN_COLUMN):
             if len(array) and pc.max(array).as_py() > LSN_INFINITY - 1:
                 raise InvalidChangeBatch(
@@ -498,7 +499,7 @@ def _key_rows(dspec: c.TableSpec, keys: Sequence[Key]) -> dict[str, pa.Array]:
 
 def _take(changes: pa.Table, column: str, rows: Sequence[int] | None) -> pa.Array:
     """``column`` of change ``rows`` (None: of every change, in order)."""
-    array = changes.column(column).combine_chunks()
+    array = contiguous(changes.column(column))
     return array if rows is None else array.take(pa.array(rows, pa.int64()))
 
 
@@ -523,12 +524,12 @@ def _key_events(dspec: c.TableSpec, changes: pa.Table) -> pa.Table | None:
     per key a change touches, with ``__order`` = 2 * change row + (0: the old key goes, 1: the
     new key is written), keyed by the row's identity columns. None: the batch needs ``plan``
     (TOAST lineage, TRUNCATE, a DELETE without key)."""
-    ops = changes.column(c.OP).combine_chunks()
+    ops = contiguous(changes.column(c.OP))
     if pc.any(pc.equal(ops, c.TRUNCATE)).as_py():
         return None
     if pc.any(pc.greater(pc.list_value_length(changes.column(c.UNCHANGED)), 0)).as_py():
         return None
-    old = changes.column(c.OLD).combine_chunks()
+    old = contiguous(changes.column(c.OLD))
     has_old = old.is_valid()
     is_delete = pc.equal(ops, c.DELETE)
     if pc.any(pc.and_(is_delete, pc.invert(has_old))).as_py():
@@ -602,7 +603,7 @@ def fold_history(dspec: c.TableSpec, changes: pa.Table) -> HistoryFold | None:
     if grouped is None:
         return None
     keys = list(k.identity_columns(dspec))
-    lists = grouped.column(f"{_ORDER}_list").combine_chunks()
+    lists = contiguous(grouped.column(f"{_ORDER}_list"))
     orders = pc.list_flatten(lists).to_numpy()
     parents = pc.list_parent_indices(lists).to_numpy()
     # Each key's events in change order (they come old keys first, then new ones).
@@ -632,7 +633,7 @@ def _rows(dspec: c.TableSpec, changes: pa.Table, rows: pa.Array | None) -> pa.Ta
     taken = taken if rows is None else taken.take(rows)
     schema = dspec.schema.append(pa.field(c.TEXT, c.TEXT_TYPE))
     return pa.Table.from_arrays(
-        [taken.column(n).combine_chunks() for n in taken.column_names], schema=schema
+        [contiguous(taken.column(n)) for n in taken.column_names], schema=schema
     )
 
 
@@ -762,7 +763,7 @@ def _timestamp_literal(value: datetime) -> str:
 def _ended(changes: pa.Table, column: str, ends: np.ndarray[Any, Any], open_value: Any) -> pa.Array:
     """``column`` of the changes that end each version; ``open_value`` for open versions."""
     indices = pa.array(ends, pa.int64(), mask=ends < 0)
-    array = changes.column(column).combine_chunks()
+    array = contiguous(changes.column(column))
     return pc.fill_null(array.take(indices), pa.scalar(open_value, array.type))
 
 
@@ -936,7 +937,7 @@ def _distinct_inserts(dspec: c.TableSpec, changes: pa.Table) -> bool:
         return False
     keys = list(k.identity_columns(dspec))
     if len(keys) == 1:
-        key = changes.column(keys[0]).combine_chunks()
+        key = contiguous(changes.column(keys[0]))
         ascending = pc.less(key.slice(0, len(key) - 1), key.slice(1))
         if pc.all(ascending, skip_nulls=False).as_py():
             return True  # ascending, as a table filled in key order is copied: no hashing

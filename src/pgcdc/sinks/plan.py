@@ -21,6 +21,7 @@ from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
 from pgcdc.lsn import LSN
 from pgcdc.sinks import changes as c
 from pgcdc.sinks import keys as k
+from pgcdc.sinks.schema import contiguous
 
 # A row's identity: (``_pgcdc_key``,) or (``_pgcdc_key``, ``_pgcdc_copy``) (``keys``).
 Key: TypeAlias = tuple[Any, ...]
@@ -176,16 +177,16 @@ def assemble(
     n = changes.num_rows
     rows = [v.row for v in versions]
     overridden = {name for v in versions for name in v.sources}
-    old = changes.column(c.OLD).combine_chunks()
+    old = contiguous(changes.column(c.OLD))
     arrays: list[pa.Array] = []
     for f in spec.schema:
-        new = changes.column(f.name).combine_chunks()
+        new = contiguous(changes.column(f.name))
         if f.name not in overridden:
             arrays.append(new.take(pa.array(rows, pa.int64())))
             continue
         parts = [new, pc.struct_field(old, f.name)]
         if target is not None:
-            parts.append(target.column(f.name).combine_chunks().cast(f.type))
+            parts.append(contiguous(target.column(f.name)).cast(f.type))
         indices = []
         for v in versions:
             kind, where = v.sources.get(f.name, ("new", v.row))
@@ -208,12 +209,12 @@ def _texts(
 ) -> pa.Array:
     """``_text`` of each version: its change's entries, and for each column it takes from
     elsewhere, that source's entry (a value kept only as text stays kept)."""
-    texts = changes.column(c.TEXT).combine_chunks()
+    texts = contiguous(changes.column(c.TEXT))
     taken = texts.take(pa.array([v.row for v in versions], pa.int64()))
     if not any(v.sources for v in versions):
         return taken
-    old_texts = changes.column(c.OLD_TEXT).combine_chunks()
-    target_texts = None if target is None else target.column(c.TEXT).combine_chunks()
+    old_texts = contiguous(changes.column(c.OLD_TEXT))
+    target_texts = None if target is None else contiguous(target.column(c.TEXT))
     merged: list[list[tuple[str, str]] | None] = []
     for version, entries in zip(versions, taken.to_pylist(), strict=True):
         if not version.sources:

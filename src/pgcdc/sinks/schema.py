@@ -234,6 +234,15 @@ def normalize_read_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def contiguous(column: pa.ChunkedArray) -> pa.Array:
+    """``column``'s values as one Array: its only chunk as it is, or its chunks joined
+    (``ChunkedArray.combine_chunks`` copies even a single chunk, which every batch and
+    snapshot chunk paid for each column of each kind it wrote)."""
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks()
+
+
 def align(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with exactly ``schema``: missing columns (and struct fields) null, types cast up.
 
@@ -241,7 +250,7 @@ def align(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """
     arrays = [
         _align_array(
-            table.column(f.name).combine_chunks()
+            contiguous(table.column(f.name))
             if f.name in table.column_names
             else pa.nulls(table.num_rows, f.type),
             f.type,

@@ -46,6 +46,7 @@ from pgcdc.events import (
     encode_tuple_data,
 )
 from pgcdc.sinks import changes as c
+from pgcdc.sinks.schema import contiguous
 
 # Enough rows to amortise the per-chunk costs (one Spark row, one IPC stream, one concat on the
 # driver), few enough to keep one Spark row well under Spark's 2 GiB binary limit.
@@ -94,7 +95,7 @@ def tuples_to_arrow(
     if len(column) < COLUMNAR_MIN_ROWS:
         return rows_to_arrow(table, _rows(column, EncodedRow(empty)), options, types)
     filled = pc.fill_null(column, pa.scalar(empty, pa.binary())) if column.null_count else column
-    filled = filled.combine_chunks() if isinstance(filled, pa.ChunkedArray) else filled
+    filled = contiguous(filled) if isinstance(filled, pa.ChunkedArray) else filled
     offsets = np.frombuffer(filled.buffers()[1], np.int32)[filled.offset :][: len(filled) + 1]
     offsets = offsets.astype(np.int64)
     values = filled.buffers()[2]
