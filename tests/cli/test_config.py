@@ -70,7 +70,7 @@ def test_unknown_or_misplaced_keys_name_the_closest_valid_one(
     ("toml", "needle"),
     [
         ('[source]\nsnapshot_copy_format = "binary"\n', "snapshot_copy_format = 'binary'"),
-        ("[source]\nsnapshot_copy_format = 1\n", "wrong type"),
+        ("[source]\nsnapshot_copy_format = 1\n", "must be a string, not an integer"),
         ('[source]\nsnapshot_format = "text"\n', "did you mean 'snapshot_copy_format'"),
     ],
 )
@@ -82,3 +82,32 @@ def test_snapshot_copy_format_is_auto_or_text(tmp_path: Path, toml: str, needle:
     config.write_text('[source]\nconninfo = "dbname=x"\nsnapshot_copy_format = "text"\n')
     assert pipeline.load(config, {}).snapshot_copy_format == "text"
     assert pipeline.load(None, {"conninfo": "dbname=x"}).snapshot_copy_format == "auto"
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        (
+            '[source]\nconninfo = ["host=db password=hunter2"]\n',
+            "conninfo must be a string, not an array",
+        ),
+        ('[paths]\nstorage_options = "hunter2"\n', "storage_options must be a table, not a string"),
+        (
+            '[source]\nreceive_timeout = "hunter2"\n',
+            "receive_timeout must be a number, not a string",
+        ),
+        ("[source]\ncreate_slot = 1\n", "create_slot must be true or false, not an integer"),
+        ('source = "host=db password=hunter2"\n', "[source] must be a table of keys, not a string"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_named_not_echoed(
+    tmp_path: Path, toml: str, needle: str
+) -> None:
+    """A value of the wrong type says what the key takes, and is never printed: it may be a
+    secret put under the wrong key or in the wrong form."""
+    config = tmp_path / "pipeline.toml"
+    config.write_text(toml)
+    with pytest.raises(InvalidOption) as raised:
+        pipeline.load(config, {"conninfo": "dbname=x"} if "conninfo" not in toml else {})
+    assert needle in str(raised.value)
+    assert "hunter2" not in str(raised.value)

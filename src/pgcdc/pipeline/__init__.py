@@ -277,7 +277,9 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
         table = data.get(section, {})
         if key in table:
             if not isinstance(table[key], kind) or isinstance(table[key], bool) != (kind is bool):
-                raise InvalidOption(f"[{section}] {key} = {table[key]!r} has the wrong type")
+                # The value is not echoed: a misplaced secret (a password, a key) stays unprinted.
+                wanted, found = _toml_kind(kind), _toml_kind(type(table[key]))
+                raise InvalidOption(f"[{section}] {key} must be {wanted}, not {found}")
             values[name] = table[key]
     tables = dict(data.get("tables", {}))
     if "kinds" in tables:
@@ -320,6 +322,15 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
     return settings
 
 
+def _toml_kind(kind: type | tuple[type, ...]) -> str:
+    """A TOML value type as the config file spells it, for errors."""
+    if kind == (int, float):
+        return "a number"
+    names = {str: "a string", bool: "true or false", int: "an integer", float: "a float",
+             list: "an array", dict: "a table"}  # fmt: skip
+    return names.get(kind, "a date or time") if isinstance(kind, type) else "a value"
+
+
 def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
     """Refuse unknown sections and keys: a misspelt key silently ignored leaves a setting at
     its default (``slot_name`` streaming from slot "pgcdc"). Names the closest valid key."""
@@ -340,7 +351,8 @@ def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
         if section not in sections:
             raise unknown("section", f"[{section}]", [f"[{s}]" for s in sections])
         if not isinstance(table, dict):
-            raise InvalidOption(f"{path}: [{section}] must be a table of keys, not {table!r}")
+            found = _toml_kind(type(table))
+            raise InvalidOption(f"{path}: [{section}] must be a table of keys, not {found}")
         for key in table:
             if section == "tables" and (key == "kinds" or "." in key):
                 continue  # "schema.table" = [kinds]
