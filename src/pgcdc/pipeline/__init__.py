@@ -322,13 +322,17 @@ def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Settings:
     return settings
 
 
+# What a config key takes, or was given, as the TOML file spells it (for errors).
+_TOML_KINDS: dict[type | tuple[type, ...], str] = {
+    str: "a string", bool: "true or false", int: "an integer", float: "a float",
+    (int, float): "a number", list: "an array", dict: "a table",
+}  # fmt: skip
+
+
 def _toml_kind(kind: type | tuple[type, ...]) -> str:
-    """A TOML value type as the config file spells it, for errors."""
-    if kind == (int, float):
-        return "a number"
-    names = {str: "a string", bool: "true or false", int: "an integer", float: "a float",
-             list: "an array", dict: "a table"}  # fmt: skip
-    return names.get(kind, "a date or time") if isinstance(kind, type) else "a value"
+    """A TOML value type as the config file spells it; tomllib's other values are dates and
+    times."""
+    return _TOML_KINDS.get(kind, "a date or time")
 
 
 def _check_keys(path: str | Path | None, data: Mapping[str, Any]) -> None:
