@@ -110,3 +110,13 @@ def test_a_value_of_the_wrong_type_is_named_not_echoed(
     result = pgcdc("pipeline", "run", "--config", str(config), "--once", cwd=tmp_path)
     assert_one_line_error(result, needle)
     assert b"hunter2" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "true", '"60"'])
+def test_stop_timeout_is_seconds_zero_or_more(tmp_path: Path, value: str) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f'[source]\nconninfo = "dbname=x"\n[spark]\nstop_timeout = {value}\n')
+    with pytest.raises(InvalidOption, match="stop_timeout"):
+        pipeline.load(config, {})
+    config.write_text('[source]\nconninfo = "dbname=x"\n[spark]\nstop_timeout = 0\n')
+    assert pipeline.load(config, {}).stop_timeout == 0

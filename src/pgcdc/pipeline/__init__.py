@@ -35,6 +35,8 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
                                   # driver for a local master, executors for a cluster)
     trigger_interval = 5.0
     max_changes_per_batch = 200000
+    stop_timeout = 60.0           # on a stop, seconds the batch being written may take to finish
+                                  # before it is interrupted (then replayed on the next start)
 """
 
 from __future__ import annotations
@@ -177,6 +179,9 @@ class Settings:
     # driver), "driver" (no shuffle: what a local master does best), or "auto" (the driver for
     # a local master, executors for any other).
     writes: str = "auto"
+    # On a stop, seconds the batch being written may take to finish before it is interrupted
+    # (an interrupted batch is replayed on the next start).
+    stop_timeout: float = 60.0
     # How the receiver rides out server faults (restarts, a terminated walsender).
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Seconds of silence on the replication connection before it counts as lost and is
@@ -258,6 +263,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "max_bytes_per_batch": ("spark", "max_bytes_per_batch", int),
     "spark_conf": ("spark", "conf", dict),
     "writes": ("spark", "writes", str),
+    "stop_timeout": ("spark", "stop_timeout", (int, float)),
 }
 
 
@@ -442,6 +448,12 @@ def _validate(settings: Settings) -> None:
     if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
         raise InvalidOption(
             f"trigger_interval = {interval!r}: give the seconds between batches, 0 or more"
+        )
+    timeout = settings.stop_timeout
+    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
+        raise InvalidOption(
+            f"stop_timeout = {timeout!r}: give the seconds a stop waits for the batch being "
+            "written, 0 or more"
         )
     timeout = settings.receive_timeout
     if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
@@ -966,7 +978,8 @@ def run(
             spark = stack.enter_context(_session(settings))
         # Spark starts and writes while the receiver is still logging: with --once too, so
         # the query's start-up and first batches overlap the receiving.
-        query = _spark().start(spark, settings.pipeline())
+        gate = _spark().BatchGate()
+        query = _spark().start(spark, settings.pipeline(), gate=gate)
         try:
             while not stop.is_set():
                 if receiver.error is not None or not query.isActive:
@@ -988,12 +1001,16 @@ def run(
         finally:
             stop.set()
             receiver.stop()
+            # The batch being written finishes and no other starts: interrupted, it would be
+            # replayed on the next start.
+            gate.close(settings.stop_timeout)
             query.stop()
             receiver.join()
         if receiver.error is not None:
             raise receiver.error
         error = query.exception()
-        if error is not None:
+        # A batch the gate refused ends the query with its StopRequested: that is the stop.
+        if error is not None and not gate.refused:
             raise query_failure(error)
 
 

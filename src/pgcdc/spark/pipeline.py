@@ -14,14 +14,16 @@ skipped table by table.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,8 +265,56 @@ def check_checkpoint(spark: Any, config: PipelineConfig) -> None:
         raise _checkpoint_unavailable(config, exc) from None
 
 
-def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) -> Any:
-    """Start the streaming query; returns the ``StreamingQuery``."""
+class StopRequested(Exception):
+    """A batch refused because the pipeline is stopping (it is replayed on the next start)."""
+
+
+class BatchGate:
+    """Lets a stop wait for the batch being written instead of interrupting it.
+
+    ``query.stop()`` interrupts the stream thread wherever it is: in a batch's writes, that
+    fails the batch half way (so the next start replays it) and Spark's own check of the
+    interruption can overflow its stack on the long py4j error text. ``close`` waits for the
+    batch in ``foreachBatch`` to finish and refuses new ones, so the stop that follows finds
+    the stream thread between batches."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._writing = 0
+        self._closed = False
+        self.refused = False
+
+    @contextlib.contextmanager
+    def batch(self, batch_id: int) -> Iterator[None]:
+        with self._changed:
+            if self._closed:
+                self.refused = True
+                raise StopRequested(f"batch {batch_id} not written: the pipeline is stopping")
+            self._writing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._writing -= 1
+                self._changed.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Refuse new batches; wait up to ``timeout`` seconds for the one being written.
+        Returns whether none is being written."""
+        with self._changed:
+            self._closed = True
+            return self._changed.wait_for(lambda: self._writing == 0, timeout)
+
+
+def start(
+    spark: Any,
+    config: PipelineConfig,
+    *,
+    available_now: bool = False,
+    gate: BatchGate | None = None,
+) -> Any:
+    """Start the streaming query; returns the ``StreamingQuery``. Batches pass ``gate``."""
+    gate = gate or BatchGate()
     reader = (
         spark.readStream.format("pgcdc")
         .option("path", config.changelog)
@@ -279,6 +329,10 @@ def start(spark: Any, config: PipelineConfig, *, available_now: bool = False) ->
     sink = make_sink(config)
 
     def apply(frame: Any, batch_id: int) -> None:
+        with gate.batch(batch_id):
+            write(frame, batch_id)
+
+    def write(frame: Any, batch_id: int) -> None:
         started = time.perf_counter()
         if config.writes == "executors":
             results = write_in_executors(frame, batch_id, config)
@@ -359,8 +413,10 @@ def run_once(spark: Any, config: PipelineConfig) -> None:
 
 
 __all__ = [
+    "BatchGate",
     "Chunk",
     "PipelineConfig",
+    "StopRequested",
     "check_checkpoint",
     "chunks_from_arrow",
     "chunks_from_rows",
