@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 
 from pgcdc import pipeline
-from pgcdc.spark.pipeline import BatchGate, StopRequested, spark_session
+from pgcdc.spark.pipeline import BatchGate, StopRequested, spark_session, start
 from tests.conftest import Database
 
 from .helpers import mirror_rows, table_rows
@@ -29,30 +30,35 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
-def test_a_stop_lets_the_batch_being_written_finish(
-    db: Database, tmp_path: Path, spark: Any
-) -> None:
+def _logged(db: Database, tmp_path: Path, spark: Any, rows: int) -> pipeline.Settings:
+    """A pipeline whose change log holds ``rows`` inserts its query has not read: the first
+    batch of the next query holds them all."""
     db.execute("CREATE TABLE notes (id int PRIMARY KEY, note text)")
     db.execute("CREATE PUBLICATION pub FOR TABLE notes")
-    lake = tmp_path / "lake"
     settings = pipeline.Settings(
         conninfo=db.conninfo(),
         slot="stop",
         publications=("pub",),
         snapshot="never",
         changelog=str(tmp_path / "log"),
-        lake=str(lake),
+        lake=str(tmp_path / "lake"),
         checkpoint=str(tmp_path / "checkpoint"),
         master="local[2]",
         trigger_interval=0.2,
         writes="executors",
     )
     pipeline.run(settings, once=True, spark=spark)  # creates the slot
-    db.execute(f"INSERT INTO notes SELECT g, 'note ' || g FROM generate_series(1, {ROWS}) g")
-    # Logged before the query starts, so its first batch holds every row.
+    db.execute(f"INSERT INTO notes SELECT g, 'note ' || g FROM generate_series(1, {rows}) g")
     pipeline.receive(settings, pipeline.current_wal_lsn(settings.conninfo), None)
+    return settings
 
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_a_stop_lets_the_batch_being_written_finish(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    settings = _logged(db, tmp_path, spark, ROWS)
+    lake = tmp_path / "lake"
     stop = threading.Event()
     failures: list[BaseException] = []
 
@@ -80,6 +86,27 @@ def test_a_stop_lets_the_batch_being_written_finish(
     columns, expected = table_rows_of(db)
     assert len(expected) == ROWS
     assert mirror_rows(lake, "public.notes", columns) == expected
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_a_batch_refused_after_a_stop_is_written_by_the_next_start(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    """The batch the gate refuses (its trigger came after the stop's wait) ends the query,
+    is not recorded as done, and the next start writes it."""
+    settings = _logged(db, tmp_path, spark, 1000)
+    gate = BatchGate()
+    assert gate.close(0)
+    query = start(spark, settings.pipeline(), gate=gate)
+    with pytest.raises(StreamingQueryException, match="StopRequested"):
+        query.awaitTermination(240)
+    assert gate.refused and "StopRequested" in str(query.exception())
+    refused = _latest(tmp_path / "checkpoint" / "offsets")
+    assert not (tmp_path / "checkpoint" / "commits" / str(refused)).exists()
+    pipeline.run(settings, once=True, spark=spark)
+    columns, expected = table_rows_of(db)
+    assert len(expected) == 1000
+    assert mirror_rows(tmp_path / "lake", "public.notes", columns) == expected
 
 
 def _latest(batches: Path) -> int:

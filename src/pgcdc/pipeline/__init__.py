@@ -1001,10 +1001,8 @@ def run(
         finally:
             stop.set()
             receiver.stop()
-            # The batch being written finishes and no other starts: interrupted, it would be
-            # replayed on the next start.
-            gate.close(settings.stop_timeout)
-            query.stop()
+            # Between batches: interrupted, the batch being written would be replayed.
+            _spark().stop(query, gate, settings.stop_timeout)
             receiver.join()
         if receiver.error is not None:
             raise receiver.error

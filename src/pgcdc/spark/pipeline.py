@@ -270,19 +270,18 @@ class StopRequested(Exception):
 
 
 class BatchGate:
-    """Lets a stop wait for the batch being written instead of interrupting it.
+    """Which batch ``foreachBatch`` is writing, and a stop that refuses the next one.
 
     ``query.stop()`` interrupts the stream thread wherever it is: in a batch's writes, that
     fails the batch half way (so the next start replays it) and Spark's own check of the
-    interruption can overflow its stack on the long py4j error text. ``close`` waits for the
-    batch in ``foreachBatch`` to finish and refuses new ones, so the stop that follows finds
-    the stream thread between batches."""
+    interruption can overflow its stack on the long py4j error text. See ``stop``."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._writing = 0
         self._closed = False
         self.refused = False
+        self.last_started: int | None = None
 
     @contextlib.contextmanager
     def batch(self, batch_id: int) -> Iterator[None]:
@@ -291,6 +290,7 @@ class BatchGate:
                 self.refused = True
                 raise StopRequested(f"batch {batch_id} not written: the pipeline is stopping")
             self._writing += 1
+            self.last_started = batch_id
         try:
             yield
         finally:
@@ -304,6 +304,20 @@ class BatchGate:
         with self._changed:
             self._closed = True
             return self._changed.wait_for(lambda: self._writing == 0, timeout)
+
+
+def stop(query: Any, gate: BatchGate, timeout: float) -> None:
+    """Stop ``query`` between batches: the batch being written finishes and is recorded as
+    done in the checkpoint (its commit follows ``foreachBatch``), and no other starts, unless
+    that takes over ``timeout`` seconds; then Spark interrupts it (the next start replays it)."""
+    deadline = time.monotonic() + timeout
+    if gate.close(timeout) and gate.last_started is not None:
+        while query.isActive and time.monotonic() < deadline:
+            progress = query.lastProgress
+            if progress is not None and progress.batchId >= gate.last_started:
+                break
+            time.sleep(0.05)
+    query.stop()
 
 
 def start(
@@ -426,6 +440,7 @@ __all__ = [
     "run_once",
     "spark_session",
     "start",
+    "stop",
     "write_chunks",
     "write_in_executors",
 ]
