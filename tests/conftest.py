@@ -159,3 +159,14 @@ def _drop_database(cluster: LocalCluster, name: str) -> None:
 def db(cluster: LocalCluster) -> Iterator[Database]:
     with fresh_database(cluster) as database:
         yield database
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A local SparkSession with two task slots for one test module (a module that needs
+    another master defines its own)."""
+    from pgcdc.spark.pipeline import spark_session
+
+    session = spark_session("local[2]", "pgcdc-tests")
+    yield session
+    session.stop()

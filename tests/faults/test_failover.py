@@ -42,7 +42,6 @@ from tests.faults.test_reconnect import (
     _slot,
     _source_rows,
     _wait_caught_up,
-    spark,  # noqa: F401 (the module's SparkSession fixture)
 )
 
 STANDBY_SLOT = "standby"
@@ -153,7 +152,7 @@ def test_pipeline_run_follows_a_failover_and_a_switchover_without_a_gap_or_a_dup
     primary: LocalCluster,
     standbys: list[LocalCluster],
     tmp_path: Path,
-    spark: Any,  # noqa: F811
+    spark: Any,
 ) -> None:
     ports = (primary.port, free_port(), free_port(), free_port())
     conninfo = multi_host(*ports)

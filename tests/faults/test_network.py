@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from pgcdc.events import Insert, Table
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions, RetryPolicy, retryable
-from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
 from tests.faults.ha import pipeline_running
 from tests.faults.proxy import TcpProxy
@@ -48,13 +46,6 @@ from tests.faults.test_reconnect import (
 # seconds, the server its side (the walsender holding the slot) after wal_sender_timeout.
 RECEIVE_TIMEOUT = 2.0
 SERVER_TIMEOUT = "3s"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 # One server version (suite time): what this exercises is the client on a cut or silent

@@ -29,7 +29,6 @@ from pgcdc.lsn import LSN
 from pgcdc.pipeline.process import ReceiverProcess
 from pgcdc.receiver import RetryPolicy
 from pgcdc.sinks import SinkKind, read_table
-from pgcdc.spark.pipeline import spark_session
 from pgcdc.storage import StorageOptions
 from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
 from tests.faults.ha import pipeline_running
@@ -473,13 +472,6 @@ def test_a_dropped_publication_ends_the_run_with_a_typed_error(
     assert isinstance(process.error, PublicationNotFound), process.error
     assert str(process.error).count("\n") == 0
     assert '"pub"' in str(process.error)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def test_pipeline_run_rides_out_a_terminated_walsender(

@@ -26,7 +26,6 @@ from pgcdc.localpg import LocalCluster, wait_until
 from pgcdc.lsn import LSN
 from pgcdc.pipeline.origin import STATE_NAME, load_origin
 from pgcdc.sinks import SinkKind, read_table
-from pgcdc.spark.pipeline import spark_session
 from tests.conftest import _INSTALLATIONS, TEST_SETTINGS, Database
 
 SLOT = "gap"
@@ -106,13 +105,6 @@ def small_keep(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     settings = {**TEST_SETTINGS, "max_slot_wal_keep_size": "1MB"}
     with LocalCluster(_INSTALLATIONS[request.param](), settings=settings) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def test_an_invalidated_slot_and_its_replacement_are_refused_never_a_silent_gap(

@@ -55,7 +55,6 @@ from tests.faults.test_reconnect import (
     _source_rows,
     _terminate_walsender,
     _wait_caught_up,
-    spark,  # noqa: F401 (the module's SparkSession fixture)
 )
 from tests.faults.test_reconnect import _settings as reconnect_settings
 
@@ -455,7 +454,7 @@ def _source_table(primary: LocalCluster, query: str) -> set[tuple[Any, ...]]:
 
 def test_pipeline_run_once_on_a_standby_lands_the_source(
     tmp_path: Path,
-    spark: Any,  # noqa: F811
+    spark: Any,
 ) -> None:
     """``pipeline run --once`` against the standby: the initial snapshot taken there, then the
     changes streamed up to what the standby had replayed at the start, land in Delta mirrors
@@ -495,7 +494,7 @@ def test_the_opt_in_is_a_source_key_of_the_pipeline_file(tmp_path: Path) -> None
 
 def test_pipeline_run_goes_on_through_a_promotion_of_the_standby_it_decodes_on(
     tmp_path: Path,
-    spark: Any,  # noqa: F811
+    spark: Any,
 ) -> None:
     """``pipeline run`` streams from a slot on the standby under a workload on the primary;
     the primary is stopped (immediate) and the standby promoted, and the workload goes on on

@@ -4,7 +4,6 @@ the publisher (``cluster``, PG15 and PG18)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -18,12 +17,3 @@ def subscriber_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
     local.start()
     yield local
     local.destroy()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pgcdc.spark.pipeline import spark_session
-
-    session = spark_session("local[2]", "pgcdc-oracle")
-    yield session
-    session.stop()

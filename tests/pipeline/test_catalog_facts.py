@@ -6,13 +6,11 @@ base types, in the snapshot and in the stream."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
@@ -20,15 +18,7 @@ from pgcdc.errors import StaleRowsWarning
 from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions
 from pgcdc.sinks import SinkKind, read_table
-from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def _settings(db: Database, tmp_path: Path) -> pipeline.Settings:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +27,10 @@ from pgcdc.errors import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.sinks import SinkKind, read_table
-from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
 from tests.processes import descendants, kill_everything, running
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def _settings(db: Database, tmp_path: Path, **changes: Any) -> pipeline.Settings:

@@ -9,15 +9,11 @@ from __future__ import annotations
 import random
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from pgcdc import pipeline
 from pgcdc.changelog import ChangeLog
-from pgcdc.spark.pipeline import spark_session
 from tests.conftest import Database
 
 from .helpers import (
@@ -32,13 +28,6 @@ from .helpers import (
 )
 
 PIPELINE_SLOT = "pipeline"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def test_random_workload_mirrors_histories_and_changelogs_match_the_source(

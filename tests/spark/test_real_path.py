@@ -15,7 +15,6 @@ streamed; the test checks the slot did stream one."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -495,15 +494,6 @@ def run_pipeline(database: Database, root: Path, binary: bool, spark: Any) -> No
     )
     assert settings.receiver().two_phase and settings.binary == binary
     pipeline.run(settings, once=True, spark=spark)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pgcdc.spark.pipeline import spark_session
-
-    session = spark_session("local[2]", "pgcdc-real-path")
-    yield session
-    session.stop()
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["text", "binary"])

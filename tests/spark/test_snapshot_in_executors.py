@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ from pgcdc.sinks.delta import ensure_table, initial_rows, prepare, table_schema
 from pgcdc.sinks.staged import commit, stage
 from pgcdc.spark import snapshot as spark_snapshot
 from pgcdc.spark.changes import insert_changes, tuples_to_arrow
-from pgcdc.spark.pipeline import spark_session
 from pgcdc.spark.snapshot import (
     SNAPSHOT_APP_SUFFIX,
     _CopyJob,
@@ -65,13 +63,6 @@ WHERE_AND_WHEN = {
     "_valid_from_time",
 }
 TABLES = ("every", "with_tsvector", "with_hidden_tsvector", "dupes", "big", "nothing_yet")
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def _settings(db: Database, root: Path, slot: str, snapshot_in: str) -> pipeline.Settings:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +14,12 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from pgcdc import pipeline
-from pgcdc.spark.pipeline import BatchGate, StopRequested, spark_session, start
+from pgcdc.spark.pipeline import BatchGate, StopRequested, start
 from tests.conftest import Database
 
 from .helpers import mirror_rows, table_rows
 
 ROWS = 200_000
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = spark_session("local[2]", "pgcdc-tests")
-    yield session
-    session.stop()
 
 
 def _logged(db: Database, tmp_path: Path, spark: Any, rows: int) -> pipeline.Settings:
