@@ -444,23 +444,16 @@ def _validate(settings: Settings) -> None:
             "write task would race its original on the same Delta tables; leave "
             'spark.speculation off or set [spark] writes = "driver"'
         )
-    interval = settings.trigger_interval
-    if isinstance(interval, bool) or not math.isfinite(interval) or interval < 0:
-        raise InvalidOption(
-            f"trigger_interval = {interval!r}: give the seconds between batches, 0 or more"
-        )
-    timeout = settings.stop_timeout
-    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
-        raise InvalidOption(
-            f"stop_timeout = {timeout!r}: give the seconds a stop waits for the batch being "
-            "written, 0 or more"
-        )
-    timeout = settings.receive_timeout
-    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
-        raise InvalidOption(
-            f"receive_timeout = {timeout!r}: give a positive number of seconds of silence "
-            "before the replication connection counts as lost, or 0 to wait for ever"
-        )
+    seconds = {
+        "trigger_interval": "give the seconds between batches, 0 or more",
+        "stop_timeout": "give the seconds a stop waits for the batch being written, 0 or more",
+        "receive_timeout": "give a positive number of seconds of silence before the "
+        "replication connection counts as lost, or 0 to wait for ever",
+    }
+    for name, remedy in seconds.items():
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise InvalidOption(f"{name} = {value!r}: {remedy}")
     for name in ("snapshot_workers", "max_changes_per_batch", "max_bytes_per_batch"):
         value = getattr(settings, name)
         if value is not None and value <= 0:
