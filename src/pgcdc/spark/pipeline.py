@@ -269,6 +269,12 @@ class StopRequested(Exception):
     """A batch refused because the pipeline is stopping (it is replayed on the next start)."""
 
 
+def _not_a_refusal(record: logging.LogRecord) -> bool:
+    """py4j logs whatever ``foreachBatch`` raises with its traceback (as an ERROR, on stderr
+    when nothing else handles it); a batch the gate refused is the stop, not an error."""
+    return not (record.exc_info and isinstance(record.exc_info[1], StopRequested))
+
+
 class BatchGate:
     """Which batch ``foreachBatch`` is writing, and a stop that refuses the next one.
 
@@ -329,6 +335,7 @@ def start(
 ) -> Any:
     """Start the streaming query; returns the ``StreamingQuery``. Batches pass ``gate``."""
     gate = gate or BatchGate()
+    logging.getLogger("py4j.clientserver").addFilter(_not_a_refusal)
     reader = (
         spark.readStream.format("pgcdc")
         .option("path", config.changelog)
