@@ -47,6 +47,7 @@ import logging
 import math
 import os
 import re
+import signal
 import threading
 import time
 import tomllib
@@ -914,6 +915,10 @@ def _session(settings: Settings) -> Iterator[Any]:
     # Hadoop's local file system (the checkpoint) chmods what it creates by its own umask.
     conf = {"spark.hadoop.fs.permissions.umask-mode": f"{settings.umask:03o}"}
     conf.update(settings.spark_conf)
+    # pyspark's SparkContext puts its own SIGINT handler over the caller's (cancel every job,
+    # then KeyboardInterrupt), so a Ctrl-C failed the batch being written; the caller's (the
+    # command's sets the stop) is put back.
+    interrupt = signal.getsignal(signal.SIGINT)
     try:
         spark = _spark().spark_session(settings.master, "pgcdc-pipeline", **conf)
     except Exception as exc:
@@ -922,6 +927,8 @@ def _session(settings: Settings) -> Iterator[Any]:
             f"{next(iter(str(exc).splitlines()), type(exc).__name__)}; check the master URL "
             "and [spark] conf"
         ) from None
+    if interrupt is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupt)
     # The query's failure is reported as one typed line (query_failure); Spark's own log of
     # it is a Java stack with the Python traceback inside.
     with contextlib.suppress(Exception):
