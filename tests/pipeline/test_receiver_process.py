@@ -230,6 +230,36 @@ def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) 
         assert writer.last_commit_lsn > 0
 
 
+# One server version (suite time): the signals are pgcdc's, the same against either server.
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_ctrl_c_again_aborts_the_stop_and_loses_nothing(db: Database, tmp_path: Path) -> None:
+    """The second Ctrl-C, while the first one's stop is under way, ends the command at once
+    (130, as Python's default), still without a traceback and with the receiver stopped; the
+    next start lands everything, whatever batch the abort cut short."""
+    _source(db)
+    db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
+    db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g")
+    child = _cli(tmp_path, db)
+    try:
+        _wait(lambda: len(_mirror_ids(tmp_path)) == 300, 180, "the mirror")
+        db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(301, 20000) g")
+        # The stop takes a second or more (the query, then Spark): the second signal lands in it.
+        os.killpg(child.pid, signal.SIGINT)
+        time.sleep(0.1)
+        os.killpg(child.pid, signal.SIGINT)
+        code = child.wait(120)
+    finally:
+        if child.poll() is None:
+            kill_everything(child)
+    output = (tmp_path / "cli.log").read_text()
+    assert code == 130, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    _wait(lambda: not _slot_active(db), 30, "the receiver to let go of the slot")
+    finisher = _cli(tmp_path, db, "--once")
+    assert finisher.wait(180) == 0, (tmp_path / "cli.log").read_text()[-3000:]
+    assert _mirror_ids(tmp_path) == set(range(1, 20001))
+
+
 def test_a_killed_driver_leaves_no_receiver_behind(db: Database, tmp_path: Path) -> None:
     """Nor Spark's JVM and workers, which run in a session of their own."""
     _source(db)

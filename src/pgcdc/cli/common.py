@@ -118,15 +118,24 @@ def error_line(message: str) -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+def stop_on_signals(
+    stop: threading.Event, *, interrupt_again_aborts: bool = False
+) -> Iterator[None]:
     """SIGINT and SIGTERM set ``stop``: long work then flushes, confirms and exits 0, as
-    pg_recvlogical does. Only the main thread can install handlers; elsewhere this does
-    nothing."""
+    pg_recvlogical does. ``interrupt_again_aborts``: a second SIGINT (Ctrl-C again, while a
+    stop waits for work it lets finish) raises KeyboardInterrupt, as Python's default would.
+    Only the main thread can install handlers; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    interrupted = False
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        if signum == signal.SIGINT:
+            if interrupted and interrupt_again_aborts:
+                raise KeyboardInterrupt
+            interrupted = True
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -140,7 +140,9 @@ def handle(args: argparse.Namespace) -> int:
         },
     )
     stop = threading.Event()
-    with stop_on_signals(stop), progress_logged(args.verbose):
+    # Ctrl-C again aborts a stop that waits for the batch being written (up to
+    # [spark] stop_timeout): the next start writes that batch again.
+    with stop_on_signals(stop, interrupt_again_aborts=True), progress_logged(args.verbose):
         info(f"pipeline: {settings.changelog} -> {settings.lake} (master {settings.master})")
         pipeline.run(settings, once=args.once, stop=stop)
     return 0

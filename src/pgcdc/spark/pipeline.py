@@ -317,6 +317,13 @@ def stop(query: Any, gate: BatchGate, timeout: float) -> None:
     done in the checkpoint (its commit follows ``foreachBatch``), and no other starts, unless
     that takes over ``timeout`` seconds; then Spark interrupts it (the next start replays it)."""
     deadline = time.monotonic() + timeout
+    if not gate.close(0):
+        log.info(
+            "stopping: batch %s is being written and finishes first (up to %g s: "
+            "[spark] stop_timeout)",
+            gate.last_started,
+            timeout,
+        )
     if gate.close(timeout) and gate.last_started is not None:
         while query.isActive and time.monotonic() < deadline:
             progress = query.lastProgress
