@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pgcdc.cli.common import stop_on_signals
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from tests.cli.helpers import CLI
@@ -110,3 +114,24 @@ def test_lost_connection_with_no_loop_is_an_error(db, tmp_path):
             process.wait()
     assert process.returncode == 1
     assert stderr.startswith(b"pgcdc: error: ")
+
+
+@pytest.mark.parametrize("aborts", [False, True])
+def test_a_second_ctrl_c_aborts_only_where_asked(aborts: bool) -> None:
+    """The first SIGINT (or a SIGTERM) asks for a stop; a second SIGINT raises
+    KeyboardInterrupt only with ``interrupt_again_aborts`` (``pipeline run``)."""
+    assert threading.current_thread() is threading.main_thread()  # else SIGTERM ends pytest
+    stop, before = threading.Event(), signal.getsignal(signal.SIGINT)
+    with stop_on_signals(stop, interrupt_again_aborts=aborts):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(5)
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: a stop, already asked for
+        time.sleep(0.05)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # a handler runs between bytecodes of the main thread
+        except KeyboardInterrupt:
+            assert aborts, "a second Ctrl-C raised without interrupt_again_aborts"
+        else:
+            assert not aborts, "a second Ctrl-C did not raise"
+    assert signal.getsignal(signal.SIGINT) == before
