@@ -8,7 +8,10 @@ per-transaction paths (decoding, assembly, the change log writer, flushes) and n
 Relation messages are taken as they come (pg_attribute's defaults are not looked up).
 
     python3 bench/replay.py capture --shape mix [--transactions 20000] --out FILE
-    python3 bench/replay.py run FILE [--repeat 3] [--profile OUT]
+    python3 bench/replay.py run FILE [--repeat 3] [--profile OUT] [--counting-sink]
+
+``--counting-sink`` also replays into a sink that only counts, alternating with the change log:
+what is left is decoding, assembly and the loop, and the difference the change log's share.
 
 Compare two trees by alternating ``run`` under ``PYTHONPATH=OTHER_CHECKOUT/src`` and without.
 """
@@ -39,7 +42,7 @@ from pgcdc.connection.protocol import PG_EPOCH, PrimaryKeepalive, XLogData
 from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, max_proto_version
 from pgcdc.lsn import LSN
-from pgcdc.transactions import TransactionAssembler
+from pgcdc.transactions import CommittedTransaction, TransactionAssembler
 
 BATCH = receiver.BURST_MESSAGES
 
@@ -110,6 +113,25 @@ class _Stream:
         self.ended = True
 
 
+class _CountingSink:
+    """A sink that keeps nothing: the replay's CPU without the change log's."""
+
+    accepts_row_runs = True
+
+    def __init__(self) -> None:
+        self.last_commit_lsn = LSN(0)
+
+    def append(self, txn: CommittedTransaction) -> bool:
+        self.last_commit_lsn = txn.commit_lsn
+        return True
+
+    def flush(self) -> LSN:
+        return self.last_commit_lsn
+
+    def close(self) -> None:
+        pass
+
+
 class _Replayed(Exception):
     """Every captured message was handed out."""
 
@@ -125,12 +147,15 @@ def _batches(messages: list[tuple[int, bytes]]) -> list[list[XLogData]]:
     return out
 
 
-def replay_once(saved: dict[str, Any], profile: Path | None) -> tuple[float, int]:
-    """CPU seconds of one replay into a new change log, and the transactions it stored."""
+def replay_once(
+    saved: dict[str, Any], profile: Path | None, counting: bool = False
+) -> tuple[float, int]:
+    """CPU seconds of one replay into a new change log (``counting``: a sink that keeps
+    nothing), and the transactions it stored."""
     messages: list[tuple[int, bytes]] = saved["messages"]
     work = Path(tempfile.mkdtemp(prefix="pgcdc-bench-replay-"))
     try:
-        sink = ChangeLog(str(work / "log")).writer()
+        sink: Any = _CountingSink() if counting else ChangeLog(str(work / "log")).writer()
         options = receiver.ReceiverOptions(
             conninfo="host=127.0.0.1 dbname=unused",
             slot="replay",
@@ -179,18 +204,27 @@ def main() -> None:
     run.add_argument("file", type=Path)
     run.add_argument("--repeat", type=int, default=3)
     run.add_argument("--profile", type=Path, help="cProfile the first run into this file")
+    run.add_argument(
+        "--counting-sink", action="store_true", help="also replay into a sink that keeps nothing"
+    )
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.shape, args.transactions, args.out)
         return
     saved = pickle.loads(args.file.read_bytes())
-    cpus = []
+    cpus: dict[str, list[float]] = {"change log": []}
+    if args.counting_sink:
+        cpus["counting sink"] = []
     for number in range(args.repeat):
-        cpu, transactions = replay_once(saved, args.profile if number == 0 else None)
-        cpus.append(cpu)
-        print(f"{saved['shape']}: {transactions:,} transactions, {cpu:.3f} s of CPU, "
-              f"{cpu / transactions * 1e6:.2f} us per transaction", flush=True)  # fmt: skip
-    print(f"best: {min(cpus) / transactions * 1e6:.2f} us per transaction")
+        for sink, runs in cpus.items():
+            profile = args.profile if number == 0 and sink == "change log" else None
+            cpu, transactions = replay_once(saved, profile, counting=sink == "counting sink")
+            runs.append(cpu)
+            print(f"{saved['shape']} into the {sink}: {transactions:,} transactions, "
+                  f"{cpu:.3f} s of CPU, {cpu / transactions * 1e6:.2f} us per transaction",
+                  flush=True)  # fmt: skip
+    for sink, runs in cpus.items():
+        print(f"best into the {sink}: {min(runs) / transactions * 1e6:.2f} us per transaction")
 
 
 if __name__ == "__main__":
