@@ -233,9 +233,9 @@ def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) 
 # One server version (suite time): the signals are pgcdc's, the same against either server.
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
 def test_ctrl_c_again_aborts_the_stop_and_loses_nothing(db: Database, tmp_path: Path) -> None:
-    """The second Ctrl-C, while the first one's stop is under way, ends the command at once
-    (130, as Python's default), still without a traceback and with the receiver stopped; the
-    next start lands everything, whatever batch the abort cut short."""
+    """The second Ctrl-C, while the first one's stop is under way, stops without waiting for
+    the batch being written (130, as for an interrupted command), still without a traceback
+    and with the receiver stopped; the next start lands everything, whatever batch it cut."""
     _source(db)
     db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
     db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g")

@@ -119,22 +119,24 @@ def error_line(message: str) -> None:
 
 @contextlib.contextmanager
 def stop_on_signals(
-    stop: threading.Event, *, interrupt_again_aborts: bool = False
+    stop: threading.Event, *, interrupted_again: threading.Event | None = None
 ) -> Iterator[None]:
     """SIGINT and SIGTERM set ``stop``: long work then flushes, confirms and exits 0, as
-    pg_recvlogical does. ``interrupt_again_aborts``: a second SIGINT (Ctrl-C again, while a
-    stop waits for work it lets finish) raises KeyboardInterrupt, as Python's default would.
-    Only the main thread can install handlers; elsewhere this does nothing."""
+    pg_recvlogical does. A second SIGINT (Ctrl-C again, while the stop waits for work it lets
+    finish) sets ``interrupted_again``. Only the main thread can install handlers; elsewhere
+    this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     interrupted = False
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        # Only events are set: an exception raised here would surface in whatever the main
+        # thread runs (a py4j call, which then logs it with a traceback and drops its socket).
         nonlocal interrupted
         if signum == signal.SIGINT:
-            if interrupted and interrupt_again_aborts:
-                raise KeyboardInterrupt
+            if interrupted and interrupted_again is not None:
+                interrupted_again.set()
             interrupted = True
         stop.set()
 

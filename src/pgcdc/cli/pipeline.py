@@ -140,9 +140,10 @@ def handle(args: argparse.Namespace) -> int:
         },
     )
     stop = threading.Event()
-    # Ctrl-C again aborts a stop that waits for the batch being written (up to
-    # [spark] stop_timeout): the next start writes that batch again.
-    with stop_on_signals(stop, interrupt_again_aborts=True), progress_logged(args.verbose):
+    # Ctrl-C again stops without waiting for the batch being written (up to [spark]
+    # stop_timeout): the next start writes it again; 130, as for an interrupted command.
+    stop_now = threading.Event()
+    with stop_on_signals(stop, interrupted_again=stop_now), progress_logged(args.verbose):
         info(f"pipeline: {settings.changelog} -> {settings.lake} (master {settings.master})")
-        pipeline.run(settings, once=args.once, stop=stop)
-    return 0
+        pipeline.run(settings, once=args.once, stop=stop, stop_now=stop_now)
+    return 130 if stop_now.is_set() else 0

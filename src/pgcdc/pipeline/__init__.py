@@ -947,12 +947,15 @@ def run(
     *,
     once: bool = False,
     stop: threading.Event | None = None,
+    stop_now: threading.Event | None = None,
     spark: Any = None,
     on_tick: Callable[[Any], None] | None = None,
     tick_seconds: float = 5.0,
 ) -> None:
     """Run the pipeline. ``once``: drain what the server has now and return. Otherwise run
-    until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly."""
+    until ``stop`` is set (or a part fails), then stop the query and the receiver cleanly:
+    the batch being written finishes first, unless ``stop_now`` is set too (the next start
+    writes that batch again)."""
     stop = stop or threading.Event()
     with contextlib.ExitStack() as stack:
         stack.enter_context(umask(settings.umask))
@@ -1002,7 +1005,7 @@ def run(
             stop.set()
             receiver.stop()
             # Between batches: interrupted, the batch being written would be replayed.
-            _spark().stop(query, gate, settings.stop_timeout)
+            _spark().stop(query, gate, settings.stop_timeout, stop_now)
             receiver.join()
         if receiver.error is not None:
             raise receiver.error

@@ -312,24 +312,35 @@ class BatchGate:
             return self._changed.wait_for(lambda: self._writing == 0, timeout)
 
 
-def stop(query: Any, gate: BatchGate, timeout: float) -> None:
+def stop(query: Any, gate: BatchGate, timeout: float, now: threading.Event | None = None) -> None:
     """Stop ``query`` between batches: the batch being written finishes and is recorded as
     done in the checkpoint (its commit follows ``foreachBatch``), and no other starts, unless
-    that takes over ``timeout`` seconds; then Spark interrupts it (the next start replays it)."""
+    that takes over ``timeout`` seconds or ``now`` is set meanwhile; then Spark interrupts it
+    (the next start replays it)."""
     deadline = time.monotonic() + timeout
-    if not gate.close(0):
+
+    def may_wait() -> float:
+        """Seconds the next wait may take: 0 once the deadline passed or ``now`` is set."""
+        if now is not None and now.is_set():
+            return 0.0
+        return min(max(deadline - time.monotonic(), 0.0), 0.1)
+
+    idle = gate.close(0)
+    if not idle:
         log.info(
             "stopping: batch %s is being written and finishes first (up to %g s: "
             "[spark] stop_timeout)",
             gate.last_started,
             timeout,
         )
-    if gate.close(timeout) and gate.last_started is not None:
-        while query.isActive and time.monotonic() < deadline:
+    while not idle and (wait := may_wait()) > 0:
+        idle = gate.close(wait)
+    if idle and gate.last_started is not None:
+        while query.isActive and (wait := may_wait()) > 0:
             progress = query.lastProgress
             if progress is not None and progress.batchId >= gate.last_started:
                 break
-            time.sleep(0.05)
+            time.sleep(min(wait, 0.05))
     query.stop()
 
 
