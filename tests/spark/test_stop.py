@@ -5,8 +5,10 @@ stack on the error's text)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from pgcdc import pipeline
-from pgcdc.spark.pipeline import BatchGate, StopRequested, start
+from pgcdc.spark.pipeline import BatchGate, StopRequested, start, stop
 from tests.conftest import Database
 
 from .helpers import mirror_rows, table_rows
@@ -98,6 +100,72 @@ def test_a_batch_refused_after_a_stop_is_written_by_the_next_start(
     assert not logged, [(r.name, r.getMessage()) for r in logged]
     refused = _latest(tmp_path / "checkpoint" / "offsets")
     assert not (tmp_path / "checkpoint" / "commits" / str(refused)).exists()
+    pipeline.run(settings, once=True, spark=spark)
+    columns, expected = table_rows_of(db)
+    assert len(expected) == 1000
+    assert mirror_rows(tmp_path / "lake", "public.notes", columns) == expected
+
+
+class _HeldGate(BatchGate):
+    """A gate whose batches wait for ``release`` before they write: a batch held in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    @contextlib.contextmanager
+    def batch(self, batch_id: int) -> Iterator[None]:
+        with super().batch(batch_id):
+            self.entered.set()
+            self.release.wait(240)
+            yield
+
+
+class _StopSeen:
+    """The query, noting when it is told to stop."""
+
+    def __init__(self, query: Any) -> None:
+        self.query = query
+        self.stopping = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.query, name)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.query.stop()
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_stop_now_does_not_wait_for_the_batch_being_written(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    """``now`` (a second Ctrl-C) stops the query while its batch is still in flight, well
+    within ``stop_timeout``; the next start writes what that batch held."""
+    settings = _logged(db, tmp_path, spark, 1000)
+    gate = _HeldGate()
+    query = _StopSeen(start(spark, settings.pipeline(), gate=gate))
+    assert gate.entered.wait(240)
+    now = threading.Event()
+    now.set()
+    failures: list[BaseException] = []
+
+    def stopping() -> None:
+        try:
+            stop(query, gate, 600.0, now)
+        except BaseException as exc:
+            failures.append(exc)
+
+    stopper = threading.Thread(target=stopping)
+    stopper.start()
+    try:
+        assert query.stopping.wait(60), "the stop waited for the batch being written"
+    finally:
+        gate.release.set()
+        stopper.join(240)
+    assert not stopper.is_alive()
+    assert failures == []
     pipeline.run(settings, once=True, spark=spark)
     columns, expected = table_rows_of(db)
     assert len(expected) == 1000
