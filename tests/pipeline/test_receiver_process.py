@@ -196,16 +196,26 @@ def _group(pid: int) -> int | None:
         return None
 
 
-def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches the command's own processes, not Spark's JVM and its Python
-    workers (in a session of their own, which pyspark's workers would answer with a traceback
-    each): the command stops the query, Spark and the receiver in order."""
+def _streaming(db: Database, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """``pipeline run`` (no ``--once``) whose mirror already holds the 300 rows logged."""
     _source(db)
     db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
     db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g")
     child = _cli(tmp_path, db)
     try:
         _wait(lambda: len(_mirror_ids(tmp_path)) == 300, 180, "the mirror")
+    except BaseException:
+        kill_everything(child)
+        raise
+    return child
+
+
+def test_ctrl_c_stops_driver_and_receiver_cleanly(db: Database, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the command's own processes, not Spark's JVM and its Python
+    workers (in a session of their own, which pyspark's workers would answer with a traceback
+    each): the command stops the query, Spark and the receiver in order."""
+    child = _streaming(db, tmp_path)
+    try:
         below = descendants(child.pid)
         jvms = _jvms(below)
         assert jvms, below
@@ -236,12 +246,8 @@ def test_ctrl_c_again_aborts_the_stop_and_loses_nothing(db: Database, tmp_path: 
     """The second Ctrl-C, while the first one's stop is under way, stops without waiting for
     the batch being written (130, as for an interrupted command), still without a traceback
     and with the receiver stopped; the next start lands everything, whatever batch it cut."""
-    _source(db)
-    db.execute("SELECT pg_create_logical_replication_slot('proc', 'pgoutput')")
-    db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 300) g")
-    child = _cli(tmp_path, db)
+    child = _streaming(db, tmp_path)
     try:
-        _wait(lambda: len(_mirror_ids(tmp_path)) == 300, 180, "the mirror")
         db.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(301, 20000) g")
         # The stop takes a second or more (the query, then Spark): the second signal lands in it.
         os.killpg(child.pid, signal.SIGINT)
