@@ -140,6 +140,12 @@ class ConnectionLost(PgcdcError):
     """The connection closed without an ErrorResponse (network failure, server crash)."""
 
 
+class SnapshotLost(ConnectionLost):
+    """The exported snapshot a copy joins is gone: the connection that exported it ended (a
+    server restart, a lost connection, a driver that died). Taking the snapshot again gets
+    past it, as a new session gets past a lost connection."""
+
+
 # --- bytes that do not parse -----------------------------------------------------------------
 
 

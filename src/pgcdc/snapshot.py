@@ -65,6 +65,7 @@ from pgcdc.errors import (
     PublicationNotFound,
     SlotAlreadyExists,
     SnapshotError,
+    SnapshotLost,
 )
 from pgcdc.events import (
     Begin,
@@ -780,10 +781,26 @@ def open_worker(
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        except psycopg.Error as error:
+            conn.close()
+            if error.sqlstate in _SNAPSHOT_GONE:
+                raise SnapshotLost(
+                    f"the exported snapshot {snapshot_name} is gone "
+                    f"({error.diag.message_primary}): the connection that exported it ended (a "
+                    "server restart, a lost connection), or this one reached another server (a "
+                    "conninfo with several hosts, a pooler); the snapshot is taken again"
+                ) from error
+            raise
         except BaseException:
             conn.close()
             raise
     return conn
+
+
+# What SET TRANSACTION SNAPSHOT says of a snapshot whose exporting transaction ended (its file
+# is removed then, and on a restart): 22023 "invalid snapshot identifier" on PostgreSQL 15,
+# 42704 "snapshot ... does not exist" on 18, 55000 when the file outlived its process.
+_SNAPSHOT_GONE = frozenset({"22023", "42704", "55000"})
 
 
 def _check_copy_format(copy_format: str) -> None:

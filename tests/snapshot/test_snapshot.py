@@ -16,11 +16,18 @@ import pytest
 from pgcdc import snapshot as snapshot_module
 from pgcdc.changelog import ChangeLog
 from pgcdc.decoding.values import row_to_python
-from pgcdc.errors import PublicationNotFound, SlotAlreadyExists, SnapshotError
+from pgcdc.errors import PublicationNotFound, SlotAlreadyExists, SnapshotError, SnapshotLost
 from pgcdc.events import Insert, Relation, ReplicaIdentity, Table
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
-from pgcdc.snapshot import SnapshotProgress, plan_chunks, snapshot_tables, take_snapshot
+from pgcdc.receiver import retryable
+from pgcdc.snapshot import (
+    SnapshotProgress,
+    open_worker,
+    plan_chunks,
+    snapshot_tables,
+    take_snapshot,
+)
 from tests.conftest import Database
 
 from .helpers import (
@@ -497,3 +504,19 @@ def test_the_window_says_which_tables_only_had_inserts_and_their_keys_fetch_the_
         )
         with conn.cursor().copy(snapshot_module.copy_query(on_no_page)) as copy:
             assert list(copy.rows()) == []  # every row is on page 0
+
+
+def test_a_snapshot_whose_exporter_ended_is_lost_and_retried(db: Database) -> None:
+    """Once the exporting transaction ends (a server restart, a lost connection, a dead
+    driver), joining its snapshot fails with a code that differs by version (22023 on 15,
+    42704 on 18): either is SnapshotLost, which a retry takes again, not a plain ServerError
+    that ended the pipeline (seen when Spark tasks joined after a server crash)."""
+    with db.connect() as exporter:
+        exporter.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        name = exporter.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+        with open_worker(db.conninfo(), name):
+            pass  # joined while the exporter's transaction lives
+        exporter.execute("COMMIT")
+    with pytest.raises(SnapshotLost, match=f"the exported snapshot {name} is gone") as lost:
+        open_worker(db.conninfo(), name)
+    assert retryable(lost.value)
