@@ -265,6 +265,32 @@ def check_checkpoint(spark: Any, config: PipelineConfig) -> None:
         raise _checkpoint_unavailable(config, exc) from None
 
 
+def _drop_leftovers_of_a_cut_first_batch(spark: Any, checkpoint: str) -> None:
+    """A kill while Spark writes a new checkpoint's first offsets leaves only that write's
+    hidden temporary files in ``offsets/`` (Hadoop writes one, then renames it): Spark 4 then
+    refuses to start at batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) and the pipeline
+    stayed wedged until a person emptied the checkpoint. With no batch recorded there is
+    nothing to keep, so they are removed."""
+    hadoop = spark._jvm.org.apache.hadoop.fs
+    offsets = hadoop.Path(hadoop.Path(checkpoint), "offsets")
+    fs = offsets.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(offsets):
+        return
+    names = [status.getPath().getName() for status in fs.listStatus(offsets)]
+    if any(name.isdigit() for name in names):
+        return
+    leftovers = sorted(name for name in names if name.startswith("."))
+    for name in leftovers:
+        fs.delete(hadoop.Path(offsets, name), False)
+    if leftovers:
+        log.warning(
+            "checkpoint %s: removed %s, left in offsets/ by a first batch whose start was cut "
+            "short (a kill); the query starts at batch 0",
+            checkpoint,
+            ", ".join(leftovers),
+        )
+
+
 class StopRequested(Exception):
     """A batch refused because the pipeline is stopping (it is replayed on the next start)."""
 
@@ -354,6 +380,7 @@ def start(
     """Start the streaming query; returns the ``StreamingQuery``. Batches pass ``gate``."""
     gate = gate or BatchGate()
     logging.getLogger("py4j.clientserver").addFilter(_not_a_refusal)
+    _drop_leftovers_of_a_cut_first_batch(spark, config.checkpoint)
     reader = (
         spark.readStream.format("pgcdc")
         .option("path", config.changelog)
