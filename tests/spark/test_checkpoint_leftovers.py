@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from pgcdc import pipeline
+from pgcdc.errors import CheckpointUnavailable
+from pgcdc.spark.pipeline import start
 from tests.conftest import Database
 
 from .helpers import mirror_rows, table_rows
@@ -46,3 +48,21 @@ def test_a_first_offsets_write_cut_by_a_kill_does_not_wedge_the_next_start(
         columns, expected = table_rows(conn, "public.notes")
     assert len(expected) == 100
     assert mirror_rows(tmp_path / "lake", "public.notes", columns) == expected
+
+
+@pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
+def test_a_query_start_on_an_unusable_checkpoint_is_a_typed_error(
+    db: Database, tmp_path: Path, spark: Any
+) -> None:
+    """The look for leftovers reaches the checkpoint's file system first: on a scheme Spark
+    has none for (s3a:// without hadoop-aws), the same typed error as the pipeline's check."""
+    settings = pipeline.Settings(
+        conninfo=db.conninfo(),
+        slot="unusable",
+        publications=("pub",),
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint="s3a://no-bucket/checkpoint",
+    )
+    with pytest.raises(CheckpointUnavailable, match="filesystem the driver owns"):
+        start(spark, settings.pipeline())

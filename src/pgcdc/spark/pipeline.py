@@ -255,25 +255,29 @@ def _checkpoint_unavailable(config: PipelineConfig, error: BaseException) -> Che
     )
 
 
-def check_checkpoint(spark: Any, config: PipelineConfig) -> None:
-    """Raise CheckpointUnavailable now, not after an initial snapshot of hours, when Spark has
-    no Hadoop file system for the checkpoint's scheme (s3a:// without hadoop-aws's classes)."""
+def _checkpoint_fs(spark: Any, config: PipelineConfig) -> tuple[Any, Any]:
+    """The checkpoint's Hadoop path and file system; CheckpointUnavailable when Spark has no
+    file system for its scheme (s3a:// without hadoop-aws's classes)."""
     try:
         path = spark._jvm.org.apache.hadoop.fs.Path(config.checkpoint)
-        path.getFileSystem(spark._jsc.hadoopConfiguration())
+        return path, path.getFileSystem(spark._jsc.hadoopConfiguration())
     except Exception as exc:
         raise _checkpoint_unavailable(config, exc) from None
 
 
-def _drop_leftovers_of_a_cut_first_batch(spark: Any, checkpoint: str) -> None:
+def check_checkpoint(spark: Any, config: PipelineConfig) -> None:
+    """Raise CheckpointUnavailable now, not after an initial snapshot of hours."""
+    _checkpoint_fs(spark, config)
+
+
+def _drop_leftovers_of_a_cut_first_batch(spark: Any, config: PipelineConfig) -> None:
     """A kill while Spark writes a new checkpoint's first offsets leaves only that write's
     hidden temporary files in ``offsets/`` (Hadoop writes one, then renames it): Spark 4 then
     refuses to start at batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) and the pipeline
     stayed wedged until a person emptied the checkpoint. With no batch recorded there is
     nothing to keep, so they are removed."""
-    hadoop = spark._jvm.org.apache.hadoop.fs
-    offsets = hadoop.Path(hadoop.Path(checkpoint), "offsets")
-    fs = offsets.getFileSystem(spark._jsc.hadoopConfiguration())
+    root, fs = _checkpoint_fs(spark, config)
+    offsets = spark._jvm.org.apache.hadoop.fs.Path(root, "offsets")
     if not fs.exists(offsets):
         return
     names = [status.getPath().getName() for status in fs.listStatus(offsets)]
@@ -281,12 +285,12 @@ def _drop_leftovers_of_a_cut_first_batch(spark: Any, checkpoint: str) -> None:
         return
     leftovers = sorted(name for name in names if name.startswith("."))
     for name in leftovers:
-        fs.delete(hadoop.Path(offsets, name), False)
+        fs.delete(spark._jvm.org.apache.hadoop.fs.Path(offsets, name), False)
     if leftovers:
         log.warning(
             "checkpoint %s: removed %s, left in offsets/ by a first batch whose start was cut "
             "short (a kill); the query starts at batch 0",
-            checkpoint,
+            config.checkpoint,
             ", ".join(leftovers),
         )
 
@@ -380,7 +384,7 @@ def start(
     """Start the streaming query; returns the ``StreamingQuery``. Batches pass ``gate``."""
     gate = gate or BatchGate()
     logging.getLogger("py4j.clientserver").addFilter(_not_a_refusal)
-    _drop_leftovers_of_a_cut_first_batch(spark, config.checkpoint)
+    _drop_leftovers_of_a_cut_first_batch(spark, config)
     reader = (
         spark.readStream.format("pgcdc")
         .option("path", config.changelog)
