@@ -781,18 +781,15 @@ def open_worker(
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-        except psycopg.Error as error:
+        except BaseException as error:
             conn.close()
-            if error.sqlstate in _SNAPSHOT_GONE:
+            if isinstance(error, psycopg.Error) and error.sqlstate in _SNAPSHOT_GONE:
                 raise SnapshotLost(
                     f"the exported snapshot {snapshot_name} is gone "
                     f"({error.diag.message_primary}): the connection that exported it ended (a "
                     "server restart, a lost connection), or this one reached another server (a "
                     "conninfo with several hosts, a pooler); the snapshot is taken again"
                 ) from error
-            raise
-        except BaseException:
-            conn.close()
             raise
     return conn
 
