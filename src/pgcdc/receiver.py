@@ -40,9 +40,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import psycopg
+from mypy_extensions import mypyc_attr
 from psycopg._encodings import pg2pyenc
 from psycopg.conninfo import conninfo_to_dict
 
@@ -51,8 +52,8 @@ from pgcdc.connection import preflight, server_errors
 from pgcdc.connection.catalog import TypeDescriber
 from pgcdc.connection.conninfo import connect
 from pgcdc.connection.deadline import answered_within
-from pgcdc.connection.protocol import XLogData
-from pgcdc.connection.replication import ReplicationConnection, ReplicationStream
+from pgcdc.connection.protocol import PrimaryKeepalive, XLogData
+from pgcdc.connection.replication import ReplicationConnection
 from pgcdc.connection.sql import get_slot
 from pgcdc.decoding import Decoder
 from pgcdc.decoding.pgoutput import PgOutputDecoder, PgOutputOptions, max_proto_version
@@ -114,6 +115,23 @@ SESSION_SETTINGS = (
 DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETTINGS))
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+
+class MessageStream(Protocol):
+    """What the loop needs of a started stream (``ReplicationStream`` is the one users run): an
+    interface, not the class, so a compiled receiver still runs over a replayed stream."""
+
+    @property
+    def confirmed_lsn(self) -> LSN: ...
+    @property
+    def server_wal_end(self) -> LSN | None: ...
+    @property
+    def ended(self) -> bool: ...
+    def read_many(self, timeout: float | None, limit: int) -> list[XLogData | PrimaryKeepalive]: ...
+    def confirm(self, lsn: LSN) -> None: ...
+    def stop(self) -> None: ...
+
+
 _SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # Seconds of silence before a replication connection counts as lost: PostgreSQL's
 # wal_receiver_timeout default. The server is asked for a reply after half of it, so an idle
@@ -161,6 +179,7 @@ def retryable(error: BaseException) -> bool:
     return False
 
 
+@mypyc_attr(native_class=False)  # pickled to other processes
 @dataclass(frozen=True)
 class RetryPolicy:
     """How ``Receiver.run`` retries after a failure ``retryable`` accepts: capped exponential
@@ -256,6 +275,7 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+@mypyc_attr(native_class=False)  # pickled to other processes
 @dataclass(frozen=True)
 class ReceiverOptions:
     """What to stream and how. Option names follow pgoutput and pg_recvlogical."""
@@ -339,20 +359,23 @@ class ReceiverOptions:
         object.__setattr__(self, "plugin_options", MappingProxyType(dict(self.plugin_options)))
         settings = self.session_settings
         if settings is not None:
-            for name, value in settings.items():
-                if not isinstance(name, str) or not _SETTING_NAME.fullmatch(name):
+            # Read as the untyped values a caller may pass, which these checks are for.
+            given: Mapping[object, object] = settings  # type: ignore[assignment]
+            for setting, value in given.items():
+                if not isinstance(setting, str) or not _SETTING_NAME.fullmatch(setting):
                     raise InvalidOption(
-                        f"session setting name {name!r} is not a configuration parameter name "
+                        f"session setting name {setting!r} is not a configuration parameter name "
                         "(letters, digits, '_' and '.'), e.g. {'TimeZone': 'UTC'}"
                     )
                 if not isinstance(value, str) or "\0" in value:
                     raise InvalidOption(
-                        f"session setting {name} must be a string without NUL characters, "
+                        f"session setting {setting} must be a string without NUL characters, "
                         f"not {value!r}"
                     )
             object.__setattr__(self, "session_settings", MappingProxyType(dict(settings)))
 
 
+@mypyc_attr(native_class=False)  # pickled to other processes
 @dataclass(frozen=True, slots=True)
 class ReceiverProgress:
     """Where the receiver stands; a new snapshot after every flush, keepalive and at exit."""
@@ -478,7 +501,7 @@ class Receiver:
             end_lsn=options.end_lsn,
             max_wait=STOP_CHECK_SECONDS,
         )
-        self._stream: ReplicationStream | None = None
+        self._stream: MessageStream | None = None
         self._assembler: TransactionAssembler | None = None
         self._types = TypeDescriber(
             options.conninfo,
@@ -705,9 +728,7 @@ class Receiver:
         self._publish(stopped_by)
         return self.progress
 
-    def _start(
-        self, conn: ReplicationConnection, plugin_options: dict[str, str]
-    ) -> ReplicationStream:
+    def _start(self, conn: ReplicationConnection, plugin_options: dict[str, str]) -> MessageStream:
         """START_REPLICATION, held to ``receive_timeout`` until the stream takes over."""
         options = self.options
         with self._answered(conn, "START_REPLICATION"):
@@ -724,7 +745,7 @@ class Receiver:
 
     def _loop(
         self,
-        stream: ReplicationStream,
+        stream: MessageStream,
         decoder: Decoder,
         assembler: TransactionAssembler,
         stop: threading.Event,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
-from pgcdc.changelog import ChangeLogWriter
+from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.cli.main import main
 
 from .powercut import fail_fsync
@@ -21,7 +22,11 @@ if __name__ == "__main__":
     shadow, root, failing, code, *argv = sys.argv[1:]
     if int(failing):
         fail_fsync(Path(shadow), root, int(failing), int(code))
-    defaults = ChangeLogWriter.__init__.__kwdefaults__
-    assert defaults is not None
-    defaults["segment_bytes"] = SEGMENT_BYTES
+    # Small segments for the command's log (the writer may be compiled: its defaults are fixed).
+    opened = ChangeLog.writer
+
+    def small_segments(log: ChangeLog, **options: Any) -> ChangeLogWriter:
+        return opened(log, **{"segment_bytes": SEGMENT_BYTES, **options})
+
+    ChangeLog.writer = small_segments  # type: ignore[method-assign,assignment]
     sys.exit(main(argv))

@@ -25,6 +25,7 @@ from pgcdc.events import Insert, Table
 from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from pgcdc.receiver import Receiver, ReceiverOptions, RetryPolicy, retryable
+from pgcdc.transactions import TransactionSink
 from tests.conftest import Database
 from tests.faults.ha import pipeline_running
 from tests.faults.proxy import TcpProxy
@@ -157,7 +158,7 @@ def test_stopping_a_stream_on_a_black_holed_network_ends_within_its_timeout(
 
 
 def _receive_restoring(
-    proxy: TcpProxy, db: Database, name: str, end: LSN, writer: ChangeLogWriter
+    proxy: TcpProxy, db: Database, name: str, end: LSN, writer: TransactionSink
 ) -> list[BaseException]:
     """Run a receiver through ``proxy`` from slot ``name`` (publication ``name``_pub) up to
     ``end``, retrying at once after each failure with the network restored; the failures."""
@@ -273,20 +274,29 @@ def test_the_pipelines_slot_check_on_a_black_holed_network_ends_and_is_retried(
     _check_logged_exactly_once(db.conninfo(), tmp_path / "log")
 
 
-class _SilencedAtSessionStart(ChangeLogWriter):
+class _SilencedAtSessionStart:
     """A change log that black-holes the network at its first flush, which the receiver
     makes as a session starts: after its connection is open and authenticated, before
-    START_REPLICATION."""
+    START_REPLICATION. (It wraps the writer: a compiled class cannot be inherited from.)"""
 
     def __init__(self, root: Path, proxy: TcpProxy) -> None:
-        super().__init__(root)
+        self._writer = ChangeLogWriter(root)
         self._proxy: TcpProxy | None = proxy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
 
     def flush(self) -> LSN:
         if self._proxy is not None:
             self._proxy.black_hole()
             self._proxy = None
-        return super().flush()
+        return self._writer.flush()
+
+    def __enter__(self) -> _SilencedAtSessionStart:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._writer.close()
 
 
 @pytest.mark.timeout(180)  # without the deadline START_REPLICATION waits for ever

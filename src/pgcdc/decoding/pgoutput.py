@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NoReturn
 
+from mypy_extensions import mypyc_attr
+
 from pgcdc.decoding.pgtypes import BY_NAME, TypeInfo
 from pgcdc.decoding.state import DecoderState
 from pgcdc.errors import ConfigurationError, DecodeError, UnknownRelation, UnsupportedFeature
@@ -729,6 +731,7 @@ def _version_text(server_version_num: int) -> str:
     return str(major) if major >= 10 else f"{major}.{server_version_num // 100 % 100}"
 
 
+@mypyc_attr(native_class=False)  # pickled to other processes
 @dataclass(frozen=True)
 class PgOutputOptions:
     """pgoutput's options for START_REPLICATION or ``pg_logical_slot_*_binary_changes``.

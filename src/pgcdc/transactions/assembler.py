@@ -418,13 +418,15 @@ class TransactionAssembler:
             "boundary, from the slot's confirmed position"
         )
 
-    def _on_row_change(self, event: Insert | Update | Delete, size: int | None) -> tuple[()]:
+    def _on_row_change(
+        self, event: Insert | Update | Delete, size: int | None
+    ) -> Iterable[CommittedTransaction]:
         txn = self._receiving(event)
         if self._filter is None or self._filter.matches(event.table):
             self._add(txn, event, size, content=True)
         return ()
 
-    def _on_truncate(self, event: Truncate, size: int | None) -> tuple[()]:
+    def _on_truncate(self, event: Truncate, size: int | None) -> Iterable[CommittedTransaction]:
         txn = self._receiving(event)
         if self._filter is not None:
             kept = tuple(t for t in event.tables if self._filter.matches(t))
@@ -435,13 +437,13 @@ class TransactionAssembler:
         self._add(txn, event, size, content=True)
         return ()
 
-    def _on_relation(self, event: Relation, size: int | None) -> tuple[()]:
+    def _on_relation(self, event: Relation, size: int | None) -> Iterable[CommittedTransaction]:
         txn = self._receiving(event)
         if self._filter is None or self._filter.matches(event.table):
             self._add(txn, event, size, content=False)
         return ()
 
-    def _on_type(self, event: Type, size: int | None) -> tuple[()]:
+    def _on_type(self, event: Type, size: int | None) -> Iterable[CommittedTransaction]:
         self._add(self._receiving(event), event, size, content=False)
         return ()
 
@@ -454,7 +456,7 @@ class TransactionAssembler:
         self._emitted_since_idle = True
         return (CommittedTransaction(None, event.lsn, event.lsn, None, (message,), size=size),)
 
-    def _on_origin(self, event: Origin, size: int | None) -> tuple[()]:
+    def _on_origin(self, event: Origin, size: int | None) -> Iterable[CommittedTransaction]:
         txn = self._receiving(event)
         if txn.origin is None:
             txn.origin = event.name
@@ -463,7 +465,7 @@ class TransactionAssembler:
             self._start_discarding(txn)
         return ()
 
-    def _on_heartbeat(self, event: Heartbeat, size: int | None) -> tuple[()]:
+    def _on_heartbeat(self, event: Heartbeat, size: int | None) -> Iterable[CommittedTransaction]:
         """Server heartbeats (openGauss 'h') are the receiver's business, not a transaction."""
         return ()
 
@@ -482,12 +484,14 @@ class TransactionAssembler:
         self._plain = txn
         return txn
 
-    def _on_begin(self, event: Begin, size: int | None) -> tuple[()]:
+    def _on_begin(self, event: Begin, size: int | None) -> Iterable[CommittedTransaction]:
         self._open_plain(event, event.commit_time)
         self._plain_gid = None
         return ()
 
-    def _on_begin_prepare(self, event: BeginPrepare, size: int | None) -> tuple[()]:
+    def _on_begin_prepare(
+        self, event: BeginPrepare, size: int | None
+    ) -> Iterable[CommittedTransaction]:
         self._open_plain(event, event.prepare_time)
         self._plain_gid = event.gid
         return ()
@@ -674,7 +678,9 @@ class TransactionAssembler:
 
     # --- streamed transactions ----------------------------------------------------------------
 
-    def _on_stream_start(self, event: StreamStart, size: int | None) -> tuple[()]:
+    def _on_stream_start(
+        self, event: StreamStart, size: int | None
+    ) -> Iterable[CommittedTransaction]:
         if self._plain is not None or self._block is not None:
             raise TransactionSequenceError(
                 f"StreamStart for xid {event.xid} at {event.lsn} inside an unfinished "
@@ -696,7 +702,9 @@ class TransactionAssembler:
         self._block = txn
         return ()
 
-    def _on_stream_stop(self, event: StreamStop, size: int | None) -> tuple[()]:
+    def _on_stream_stop(
+        self, event: StreamStop, size: int | None
+    ) -> Iterable[CommittedTransaction]:
         if self._block is None:
             raise TransactionSequenceError(
                 f"StreamStop at {event.lsn} without a StreamStart; the stream lost events"
@@ -738,7 +746,9 @@ class TransactionAssembler:
     ) -> Iterable[CommittedTransaction]:
         return self._prepared_done(self._end_stream(event), event)
 
-    def _on_stream_abort(self, event: StreamAbort, size: int | None) -> tuple[()]:
+    def _on_stream_abort(
+        self, event: StreamAbort, size: int | None
+    ) -> Iterable[CommittedTransaction]:
         if self._block is not None:
             raise TransactionSequenceError(
                 f"StreamAbort for xid {event.xid} at {event.lsn} inside a stream block; the "
