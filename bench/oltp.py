@@ -326,14 +326,28 @@ def _pipeline(conninfo: str, work: Path, changes: int, recv_rate: float) -> None
 
 
 def _compiled_copy(package: Path, target: Path) -> str:
-    """A copy of the pgcdc ``package`` under ``target``, byte-compiled; the directory to put
-    on PYTHONPATH. An installed pgcdc runs from the bytecode pip compiled, while a source tree
-    run with PYTHONDONTWRITEBYTECODE set (as on the shared machines) compiles every module at
-    each start, which would count as the command's start-up."""
+    """A copy of the pgcdc ``package`` under ``target``, byte-compiled, with its mypyc build
+    when it has one (the compiled modules and their shared library beside the package); the
+    directory to put on PYTHONPATH. An installed pgcdc runs from the bytecode pip compiled,
+    while a source tree run with PYTHONDONTWRITEBYTECODE set (as on the shared machines)
+    compiles every module at each start, which would count as the command's start-up."""
     shutil.copytree(package, target / "pgcdc", ignore=shutil.ignore_patterns("__pycache__"))
+    for library in package.parent.glob("*__mypyc*"):
+        shutil.copy2(library, target)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(target)], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     return str(target)
+
+
+def _build(source: str) -> str:
+    """Which build of pgcdc the command runs from ``source``: compiled (mypyc) or the source."""
+    probe = (
+        "import pgcdc.receiver as r; print('source' if r.__file__.endswith('.py') else 'compiled')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": source},
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
 
 
 def main() -> None:
@@ -361,6 +375,8 @@ def main() -> None:
     args.this_src = _compiled_copy(Path(pgcdc.__file__).parent, work / "src-this")
     if args.before_src:
         args.before_src = _compiled_copy(Path(args.before_src) / "pgcdc", work / "src-before")
+    print(f"pgcdc build: {_build(args.this_src)}"
+          + (f"; --before-src: {_build(args.before_src)}" if args.before_src else ""))  # fmt: skip
     cluster = start_cluster(args.version)
     try:
         for shape in shapes:

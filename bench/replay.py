@@ -13,7 +13,8 @@ Relation messages are taken as they come (pg_attribute's defaults are not looked
 ``--counting-sink`` also replays into a sink that only counts, alternating with the change log:
 what is left is decoding, assembly and the loop, and the difference the change log's share.
 
-Compare two trees by alternating ``run`` under ``PYTHONPATH=OTHER_CHECKOUT/src`` and without.
+Compare two trees by alternating ``run`` under ``PYTHONPATH=OTHER_CHECKOUT/src`` and without,
+and the compiled build with its source by alternating ``run`` with ``PGCDC_PURE_PYTHON=1``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import psycopg
 
 import oltp
 from common import current_lsn, start_cluster
-from pgcdc import receiver
+from pgcdc import _native, receiver
 from pgcdc.changelog import ChangeLog
 from pgcdc.connection.protocol import PG_EPOCH, PrimaryKeepalive, XLogData
 from pgcdc.connection.replication import ReplicationConnection
@@ -212,6 +213,8 @@ def main() -> None:
         capture(args.shape, args.transactions, args.out)
         return
     saved = pickle.loads(args.file.read_bytes())
+    # PGCDC_PURE_PYTHON=1 replays the source, to compare with the compiled build.
+    print(f"pgcdc build: {'compiled (mypyc)' if _native.compiled() else 'source'}")
     cpus: dict[str, list[float]] = {"change log": []}
     if args.counting_sink:
         cpus["counting sink"] = []
