@@ -179,7 +179,7 @@ def retryable(error: BaseException) -> bool:
     return False
 
 
-@mypyc_attr(native_class=False)  # pickled to other processes
+@mypyc_attr(native_class=False)  # a plain class: pickled to the pipeline's receiver process
 @dataclass(frozen=True)
 class RetryPolicy:
     """How ``Receiver.run`` retries after a failure ``retryable`` accepts: capped exponential
@@ -275,7 +275,9 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-@mypyc_attr(native_class=False)  # pickled to other processes
+# A plain class in the compiled build: __post_init__ checks and normalises what a caller passes
+# (a list of publications, settings of any type), which a native class would refuse before it.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class ReceiverOptions:
     """What to stream and how. Option names follow pgoutput and pg_recvlogical."""
@@ -318,12 +320,13 @@ class ReceiverOptions:
                 f"plugin {self.plugin!r} is not supported by the receiver; use one of "
                 f"{', '.join(PLUGINS)}"
             )
-        if isinstance(self.publications, str):
+        # Read untyped (the compiled build checks a typed read): a caller may pass a list.
+        publications: object = getattr(self, "publications")  # noqa: B009
+        if isinstance(publications, str):
             raise InvalidOption(
-                f"publications must be a tuple of names, not one string: write "
-                f"({self.publications!r},)"
+                f"publications must be a tuple of names, not one string: write ({publications!r},)"
             )
-        object.__setattr__(self, "publications", tuple(self.publications))
+        object.__setattr__(self, "publications", tuple(publications))  # type: ignore[arg-type]
         if not self.slot_busy_wait >= 0:
             raise InvalidOption(
                 f"slot_busy_wait must be 0 (fail at once) or more seconds, not "
@@ -375,7 +378,7 @@ class ReceiverOptions:
             object.__setattr__(self, "session_settings", MappingProxyType(dict(settings)))
 
 
-@mypyc_attr(native_class=False)  # pickled to other processes
+@mypyc_attr(native_class=False)  # a plain class: pickled from the pipeline's receiver process
 @dataclass(frozen=True, slots=True)
 class ReceiverProgress:
     """Where the receiver stands; a new snapshot after every flush, keepalive and at exit."""

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from pgcdc import _native
+from pgcdc.decoding.pgoutput import PgOutputOptions
+from pgcdc.errors import InvalidOption
+from pgcdc.receiver import ReceiverOptions
 from tests.changelog.helpers import log_rows
 from tests.cli.helpers import current_lsn, pgcdc
 from tests.conftest import Database
@@ -116,3 +119,15 @@ def test_source_and_build_log_the_same_rows(db: Database, tmp_path: Path, binary
     from_source, from_build = log_rows(tmp_path / "source"), log_rows(tmp_path / "build")
     assert from_source.num_rows > 1000
     assert from_build.equals(from_source)
+
+
+def test_options_take_what_callers_pass() -> None:
+    """Options classes check and normalise their arguments in ``__post_init__``; the compiled
+    build keeps them plain classes, so a list is taken there (a native class would refuse it
+    before the check) and a wrong type gets the typed error, not a TypeError."""
+    options = ReceiverOptions("dbname=x", "s", publications=["p"])  # type: ignore[arg-type]
+    assert options.publications == ("p",)
+    assert PgOutputOptions(["p"]).publication_names == ("p",)
+    settings: dict[str, object] = {"TimeZone": 1}
+    with pytest.raises(InvalidOption, match="must be a string"):
+        ReceiverOptions("dbname=x", "s", publications=("p",), session_settings=settings)  # type: ignore[arg-type]

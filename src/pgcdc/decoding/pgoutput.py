@@ -731,7 +731,9 @@ def _version_text(server_version_num: int) -> str:
     return str(major) if major >= 10 else f"{major}.{server_version_num // 100 % 100}"
 
 
-@mypyc_attr(native_class=False)  # pickled to other processes
+# A plain class in the compiled build: __post_init__ checks and normalises what a caller passes
+# (a list of publication names), which a native class would refuse before it.
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class PgOutputOptions:
     """pgoutput's options for START_REPLICATION or ``pg_logical_slot_*_binary_changes``.
