@@ -42,6 +42,7 @@ from tests.faults.test_reconnect import (
     _source_rows,
     _wait_caught_up,
 )
+from tests.receiver.helpers import WrappedWriter
 
 # Small, so the test does not idle: the receiver gives a silent connection up after this many
 # seconds, the server its side (the walsender holding the slot) after wal_sender_timeout.
@@ -274,29 +275,20 @@ def test_the_pipelines_slot_check_on_a_black_holed_network_ends_and_is_retried(
     _check_logged_exactly_once(db.conninfo(), tmp_path / "log")
 
 
-class _SilencedAtSessionStart:
+class _SilencedAtSessionStart(WrappedWriter):
     """A change log that black-holes the network at its first flush, which the receiver
     makes as a session starts: after its connection is open and authenticated, before
-    START_REPLICATION. (It wraps the writer: a compiled class cannot be inherited from.)"""
+    START_REPLICATION."""
 
     def __init__(self, root: Path, proxy: TcpProxy) -> None:
-        self._writer = ChangeLogWriter(root)
+        super().__init__(root)
         self._proxy: TcpProxy | None = proxy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._writer, name)
 
     def flush(self) -> LSN:
         if self._proxy is not None:
             self._proxy.black_hole()
             self._proxy = None
         return self._writer.flush()
-
-    def __enter__(self) -> _SilencedAtSessionStart:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._writer.close()
 
 
 @pytest.mark.timeout(180)  # without the deadline START_REPLICATION waits for ever

@@ -4,11 +4,12 @@ that turn the change log and the slot back into comparable facts."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 import psycopg
 
-from pgcdc.changelog import ChangeLog
+from pgcdc.changelog import ChangeLog, ChangeLogWriter
 from pgcdc.events import Delete, Insert, Update
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction
@@ -70,3 +71,20 @@ def logged_facts(root: str | Any) -> list[tuple[int | None, list[Fact]]]:
 def key_only(changes: Iterable[Fact]) -> list[tuple[str, str, Any]]:
     """Deletes carry only the key: compare (kind, table, first column)."""
     return [(kind, table, row[0]) for kind, table, row in changes]
+
+
+class WrappedWriter:
+    """A change log writer behind a wrapper, for a test's sink that changes one of its
+    behaviours: the writer may be a compiled class, which Python classes cannot inherit from."""
+
+    def __init__(self, root: Path) -> None:
+        self._writer = ChangeLogWriter(root)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._writer.close()

@@ -37,7 +37,15 @@ from pgcdc.transactions import AssemblyOptions, CommittedTransaction
 from tests.changelog.helpers import log_rows
 from tests.conftest import Database
 
-from .helpers import Conn, Fact, current_lsn, key_only, logged_facts, slot_position
+from .helpers import (
+    Conn,
+    Fact,
+    WrappedWriter,
+    current_lsn,
+    key_only,
+    logged_facts,
+    slot_position,
+)
 
 XID = "SELECT (txid_current() % 4294967296)::bigint"
 
@@ -400,23 +408,10 @@ def test_a_restart_never_confirms_past_a_prepare_not_yet_received_again(
     assert rows == [(1, "prepared"), (2, "plain")]
 
 
-class _WithoutRuns:
-    """The change log's writer as a sink that takes no RowRuns (a wrapper: the writer may be a
-    compiled class, which Python classes cannot inherit from)."""
+class _WithoutRuns(WrappedWriter):
+    """The change log's writer as a sink that takes no RowRuns."""
 
     accepts_row_runs = False
-
-    def __init__(self, root: Path) -> None:
-        self._writer = ChangeLogWriter(root)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._writer, name)
-
-    def __enter__(self) -> _WithoutRuns:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._writer.close()
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,19 @@ from tests.conftest import Database
 from .helpers import mirror_rows, table_rows
 
 
+def _settings(db: Database, tmp_path: Path, slot: str, checkpoint: str) -> pipeline.Settings:
+    return pipeline.Settings(
+        conninfo=db.conninfo(),
+        slot=slot,
+        publications=("pub",),
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=checkpoint,
+        master="local[2]",
+        trigger_interval=0.2,
+    )
+
+
 @pytest.mark.parametrize("cluster", ["pg18"], indirect=True)
 def test_a_first_offsets_write_cut_by_a_kill_does_not_wedge_the_next_start(
     db: Database, tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
@@ -31,16 +44,7 @@ def test_a_first_offsets_write_cut_by_a_kill_does_not_wedge_the_next_start(
     leftover.write_text("v1\n")
     checksum = offsets / f".{leftover.name}.crc"  # Hadoop's local file system lists it apart
     checksum.write_bytes(b"crc")
-    settings = pipeline.Settings(
-        conninfo=db.conninfo(),
-        slot="leftovers",
-        publications=("pub",),
-        changelog=str(tmp_path / "log"),
-        lake=str(tmp_path / "lake"),
-        checkpoint=str(tmp_path / "checkpoint"),
-        master="local[2]",
-        trigger_interval=0.2,
-    )
+    settings = _settings(db, tmp_path, "leftovers", str(tmp_path / "checkpoint"))
     pipeline.run(settings, once=True, spark=spark)
     assert f"removed {leftover.name}" in caplog.text  # said, not silent
     assert not leftover.exists() and not checksum.exists()
@@ -56,13 +60,6 @@ def test_a_query_start_on_an_unusable_checkpoint_is_a_typed_error(
 ) -> None:
     """The look for leftovers reaches the checkpoint's file system first: on a scheme Spark
     has none for (s3a:// without hadoop-aws), the same typed error as the pipeline's check."""
-    settings = pipeline.Settings(
-        conninfo=db.conninfo(),
-        slot="unusable",
-        publications=("pub",),
-        changelog=str(tmp_path / "log"),
-        lake=str(tmp_path / "lake"),
-        checkpoint="s3a://no-bucket/checkpoint",
-    )
+    settings = _settings(db, tmp_path, "unusable", "s3a://no-bucket/checkpoint")
     with pytest.raises(CheckpointUnavailable, match="filesystem the driver owns"):
         start(spark, settings.pipeline())
