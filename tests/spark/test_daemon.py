@@ -1,15 +1,21 @@
 """``pgcdc.spark.daemon`` and ``pgcdc.spark.local_python``: Python workers, and a local
 session's planning processes, drop Spark's pyspark/py4j zips from their path only when the
 installed pyspark is the zip's version (so they never run another pyspark than the JVM's), and
-then import pyspark from the installed package."""
+then import pyspark from the installed package; their streaming source runner is pgcdc's
+(``pgcdc.spark.source_runner``: pyspark's, without a traceback when Spark stops it)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import socket
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyspark
 import pytest
@@ -17,6 +23,7 @@ import pytest
 from pgcdc.spark.daemon import installed_instead
 from pgcdc.spark.local_python import choose_python, worker_python, wrapper_script
 from pgcdc.spark.pipeline import spark_session
+from pgcdc.spark.source_runner import PYSPARK_MODULE, closed_by_spark
 
 ZIPS = sorted(str(p) for p in (Path(pyspark.__file__).parent / "python" / "lib").glob("*.zip"))
 REST = [p for p in sys.path if not p.endswith(".zip")]
@@ -125,3 +132,92 @@ def test_a_python_the_user_chose_is_kept(monkeypatch: pytest.MonkeyPatch) -> Non
     choose_python(local=True)
     choose_python(local=False)
     assert os.environ["PYSPARK_PYTHON"] == "/opt/venv/bin/python"
+
+
+def test_streaming_queries_of_a_local_session_run_pgcdcs_source_runner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import ReadLimit
+
+    class Runner(DataSourceStreamReader):
+        """Its offsets, computed in the streaming source runner, name the runner's module."""
+
+        def initialOffset(self) -> dict[str, str]:  # noqa: N802 - Spark's name
+            spec = sys.modules["__main__"].__spec__
+            return {"runner": spec.name if spec else sys.argv[0]}
+
+        def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:  # noqa: N802
+            return self.initialOffset()
+
+        def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[InputPartition]:
+            return []
+
+        def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+            return iter(())
+
+    class WhichRunner(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "which_runner"
+
+        def schema(self) -> str:
+            return "x int"
+
+        def streamReader(self, schema: object) -> DataSourceStreamReader:  # noqa: N802
+            return Runner()
+
+    assert importlib.util.find_spec(PYSPARK_MODULE) is not None  # the module replaced exists
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    spark = spark_session("local[1]", "pgcdc-source-runner-test")
+    try:
+        spark.dataSource.register(WhichRunner)
+        query = spark.readStream.format("which_runner").load().writeStream.format("noop").start()
+        try:
+            query.processAllAvailable()
+            progress = query.lastProgress
+        finally:
+            query.stop()
+    finally:
+        spark.stop()
+    assert progress is not None
+    end = json.loads(progress["sources"][0]["endOffset"])
+    assert end == {"runner": "pgcdc.spark.source_runner"}
+
+
+def test_the_runner_is_quiet_only_when_spark_closed_its_socket() -> None:
+    """pyspark's runner's own sequence on a real socket: a read at the socket's end (EOFError),
+    then the report of it written and flushed to the closed socket (a broken pipe)."""
+    from pyspark.serializers import read_int, write_int
+
+    ours, spark_side = socket.socketpair()
+    spark_side.close()
+    infile, outfile = ours.makefile("rb"), ours.makefile("wb")
+    try:
+        try:
+            try:
+                read_int(infile)  # type: ignore[no-untyped-call]
+            except BaseException:
+                write_int(-2, outfile)  # type: ignore[no-untyped-call]
+                outfile.write(b"x" * 1_000_000)  # more than the socket's buffer takes
+                outfile.flush()
+        finally:
+            outfile.close()  # as pyspark's get_sock_file_to_executor closes it
+    except OSError as error:
+        reported = error
+    else:
+        raise AssertionError("the flush to a closed socket succeeded")
+    finally:
+        infile.close()
+        ours.close()
+    assert closed_by_spark(reported)
+    # Not when the runner failed otherwise: the error reaches Spark's log as pyspark prints it.
+    assert not closed_by_spark(BrokenPipeError())
+    assert not closed_by_spark(EOFError())
+    try:
+        try:
+            raise ValueError("the reader failed")
+        except ValueError:
+            raise BrokenPipeError  # noqa: B904 (the chain is what is tested)
+    except BrokenPipeError as error:
+        assert not closed_by_spark(error)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pgcdc.spark import source_runner
 from pgcdc.spark.daemon import installed_instead
 
 
@@ -35,8 +36,11 @@ def spark_zips() -> list[str]:
 
 def wrapper_script(python: str, zips: list[str]) -> str:
     """A POSIX shell script that runs ``python`` with every entry in ``zips`` removed from
-    ``PYTHONPATH`` (the other entries keep their order)."""
+    ``PYTHONPATH`` (the other entries keep their order), and pgcdc's streaming source runner
+    in place of pyspark's (``pgcdc.spark.source_runner``: the same runner, without a traceback
+    when Spark stops it)."""
     patterns = "|".join(shlex.quote(z) for z in zips)
+    runner = shlex.quote(source_runner.PYSPARK_MODULE)
     return (
         "#!/bin/sh\n"
         "# Written by pgcdc.spark.local_python: Spark's Python processes import the installed\n"
@@ -50,6 +54,9 @@ def wrapper_script(python: str, zips: list[str]) -> str:
         "unset IFS\n"
         'PYTHONPATH="$kept"\n'
         "export PYTHONPATH\n"
+        f'if [ "$#" -eq 2 ] && [ "$1" = -m ] && [ "$2" = {runner} ]; then\n'
+        f"  set -- -m {source_runner.__name__}\n"
+        "fi\n"
         f'exec {shlex.quote(python)} "$@"\n'
     )
 
