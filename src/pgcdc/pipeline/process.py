@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -101,6 +102,9 @@ def _child(messages: Connection, control: Connection) -> None:
         stop.set()
 
     threading.Thread(target=watch_parent, name="pgcdc-stop", daemon=True).start()
+    # This process only receives: what its imports made lives as long as it does, and the
+    # collector need not walk it again (as the pgcdc command, ``pgcdc.cli.main``).
+    gc.freeze()
     try:
         progress = receive(settings, end_lsn, stop)
     except BaseException as exc:
