@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import psycopg
 from mypy_extensions import mypyc_attr
@@ -93,8 +93,8 @@ __all__ = [
     "while_slot_busy",
 ]
 
-PLUGINS = ("pgoutput", "test_decoding")
-STREAMING_SINCE = 140000
+PLUGINS: Final = ("pgoutput", "test_decoding")
+STREAMING_SINCE: Final = 140000
 # The session settings of every connection pgcdc reads values through (walsender, snapshot
 # COPY, SQL interface): each changes a type's text output, and a server, database or role
 # default (ALTER DATABASE ... SET) would otherwise alter values silently. Native logical
@@ -105,14 +105,14 @@ STREAMING_SINCE = 140000
 # would rescale yen to cents); its text is read with money_fraction_digits (a mismatch is a
 # DecodeError, docs/types.md). lc_numeric, xmloption and standard_conforming_strings do not
 # change any type's output. These come last in ``options`` so they win over the user's.
-SESSION_SETTINGS = (
+SESSION_SETTINGS: Final = (
     ("DateStyle", "ISO"),
     ("IntervalStyle", "postgres"),
     ("TimeZone", "UTC"),
     ("extra_float_digits", "3"),
     ("bytea_output", "hex"),
 )
-DEFAULT_SESSION_SETTINGS: Mapping[str, str] = MappingProxyType(dict(SESSION_SETTINGS))
+DEFAULT_SESSION_SETTINGS: Final[Mapping[str, str]] = MappingProxyType(dict(SESSION_SETTINGS))
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -132,37 +132,37 @@ class MessageStream(Protocol):
     def stop(self) -> None: ...
 
 
-_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_SETTING_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # Seconds of silence before a replication connection counts as lost: PostgreSQL's
 # wal_receiver_timeout default. The server is asked for a reply after half of it, so an idle
 # but healthy server is never mistaken for a dead one.
-DEFAULT_RECEIVE_TIMEOUT = 60.0
+DEFAULT_RECEIVE_TIMEOUT: Final = 60.0
 # How long a quiet read may block before the stop event is looked at again.
-STOP_CHECK_SECONDS = 0.2
+STOP_CHECK_SECONDS: Final = 0.2
 # Messages handled between looks at the stop event and the flush clock. Small batches also keep
 # few objects alive at once, which spares the garbage collector (see DEFAULT_BATCH).
-BURST_MESSAGES = 64
+BURST_MESSAGES: Final = 64
 # Collector thresholds while receiving (CPython's default is 700, 10, 10): see
 # _CollectorThresholds.
-GC_THRESHOLDS = (50_000, 20, 20)
-_CONTENT = frozenset((Insert, Update, Delete, Truncate, Message))
+GC_THRESHOLDS: Final = (50_000, 20, 20)
+_CONTENT: Final = frozenset((Insert, Update, Delete, Truncate, Message))
 # Up to this many events, _store counts a transaction's changes in a plain loop.
-_FEW_EVENTS = 16
+_FEW_EVENTS: Final = 16
 # Row changes a RowRun starts with; pgoutput puts the row's TupleData after type byte, relation
 # OID and tuple marker (outside stream blocks), and the run's messages share those bytes and the
 # column count. A run is fed once it reaches either bound.
-_RUN_STARTS = frozenset((Insert, Update, Delete))
-_RUN_ROW_START = RowRun.HEADER_BYTES
+_RUN_STARTS: Final = frozenset((Insert, Update, Delete))
+_RUN_ROW_START: Final = RowRun.HEADER_BYTES
 # pgoutput's Begin and Commit message types, which ``_loop`` hands the assembler as fields.
 _BEGIN_BYTE, _COMMIT_BYTE = ord("B"), ord("C")
-RUN_MAX_ROWS = 4096
+RUN_MAX_ROWS: Final = 4096
 # A run without rows after its first change yet: shared, never appended to.
-_NO_LSNS: list[LSN] = []
-_NO_ROWS: list[bytes] = []
-RUN_MAX_BYTES = 1 << 20
+_NO_LSNS: Final[list[LSN]] = []
+_NO_ROWS: Final[list[bytes]] = []
+RUN_MAX_BYTES: Final = 1 << 20
 # SQLSTATE classes a new session can get past: 08 connection exception, 57 operator
 # intervention (walsender terminated, server shutting down or starting up).
-TRANSIENT_SQLSTATE_CLASSES = ("08", "57")
+TRANSIENT_SQLSTATE_CLASSES: Final = ("08", "57")
 
 
 def retryable(error: BaseException) -> bool:
@@ -447,7 +447,7 @@ class _CollectorThresholds:
                     gc.set_threshold(*self._before)
 
 
-_fewer_collections = _CollectorThresholds(GC_THRESHOLDS).raised
+_fewer_collections: Final = _CollectorThresholds(GC_THRESHOLDS).raised
 
 
 def _escape_option(value: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,17 +47,17 @@ from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
 from pgcdc.tupledata import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED
 
-FORMAT_VERSION = 2
+FORMAT_VERSION: Final = 2
 
 # Value kinds inside a row: pgoutput's TupleData (``pgcdc.tupledata``).
-VALUE_NULL = KIND_NULL
-VALUE_UNCHANGED_TOAST = KIND_UNCHANGED
-VALUE_TEXT = KIND_TEXT
-VALUE_BINARY = KIND_BINARY
+VALUE_NULL: Final = KIND_NULL
+VALUE_UNCHANGED_TOAST: Final = KIND_UNCHANGED
+VALUE_TEXT: Final = KIND_TEXT
+VALUE_BINARY: Final = KIND_BINARY
 
 # "transaction": the one row of a transaction without events (an empty commit, or the
 # COMMIT PREPARED / ROLLBACK PREPARED that settles a transaction emitted at PREPARE).
-KINDS: tuple[str, ...] = (
+KINDS: Final[tuple[str, ...]] = (
     "insert",
     "update",
     "delete",
@@ -67,21 +67,21 @@ KINDS: tuple[str, ...] = (
     "type",
     "transaction",
 )
-_KIND_INDEX = {kind: index for index, kind in enumerate(KINDS)}
-_KIND_DICTIONARY = pa.array(KINDS, pa.string())
+_KIND_INDEX: Final = {kind: index for index, kind in enumerate(KINDS)}
+_KIND_DICTIONARY: Final = pa.array(KINDS, pa.string())
 
-ROW_TYPE = pa.binary()
-KIND_TYPE = pa.dictionary(pa.int8(), pa.string())
-TABLE_TYPE = pa.dictionary(pa.int32(), pa.string())
-OUTCOME_TYPE = pa.dictionary(pa.int8(), pa.string())
-_OUTCOMES = tuple(TransactionOutcome)
-_OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(_OUTCOMES)}
-_OUTCOME_DICTIONARY = pa.array([o.value for o in _OUTCOMES], pa.string())
-_OUTCOME_BY_VALUE = {o.value: o for o in _OUTCOMES}
-_COMMIT = TransactionOutcome.COMMIT
-_COMMIT_INDEX = _OUTCOME_INDEX[_COMMIT]
+ROW_TYPE: Final = pa.binary()
+KIND_TYPE: Final = pa.dictionary(pa.int8(), pa.string())
+TABLE_TYPE: Final = pa.dictionary(pa.int32(), pa.string())
+OUTCOME_TYPE: Final = pa.dictionary(pa.int8(), pa.string())
+_OUTCOMES: Final = tuple(TransactionOutcome)
+_OUTCOME_INDEX: Final = {outcome: index for index, outcome in enumerate(_OUTCOMES)}
+_OUTCOME_DICTIONARY: Final = pa.array([o.value for o in _OUTCOMES], pa.string())
+_OUTCOME_BY_VALUE: Final = {o.value: o for o in _OUTCOMES}
+_COMMIT: Final = TransactionOutcome.COMMIT
+_COMMIT_INDEX: Final = _OUTCOME_INDEX[_COMMIT]
 
-SCHEMA = pa.schema(
+SCHEMA: Final = pa.schema(
     [
         # The transaction, repeated on each of its rows.
         pa.field("commit_lsn", pa.uint64(), nullable=False),
@@ -252,7 +252,7 @@ def _text(value: str | None, what: str) -> str | None:
 
 
 # Columns set once per transaction, per table, per event, and only by some event kinds.
-_TXN_FIELDS = (
+_TXN_FIELDS: Final = (
     "commit_lsn",
     "end_lsn",
     "xid",
@@ -263,22 +263,22 @@ _TXN_FIELDS = (
     "outcome",
     "size",
 )
-_TABLE_FIELDS = ("relation_oid", "namespace", "name")
-_EVENT_FIELDS = ("seq", "lsn", "kind", "event_xid", "table", "new", "old", "old_is_key")
-_SPARSE_FIELDS = tuple(
+_TABLE_FIELDS: Final = ("relation_oid", "namespace", "name")
+_EVENT_FIELDS: Final = ("seq", "lsn", "kind", "event_xid", "table", "new", "old", "old_is_key")
+_SPARSE_FIELDS: Final = tuple(
     f.name
     for f in SCHEMA
     if f.name not in _TXN_FIELDS and f.name not in _TABLE_FIELDS and f.name not in _EVENT_FIELDS
 )
-_U32 = 1 << 32
-_U64 = 1 << 64
+_U32: Final = 1 << 32
+_U64: Final = 1 << 64
 # txn index, seq, lsn, kind, event xid, table index, new, old, old_is_key
 _EventRow = tuple[
     int, int, int, int, int | None, int | None, bytes | None, bytes | None, bool | None
 ]
 _INSERT, _UPDATE, _DELETE = _KIND_INDEX["insert"], _KIND_INDEX["update"], _KIND_INDEX["delete"]
 _RELATION, _TRANSACTION = _KIND_INDEX["relation"], _KIND_INDEX["transaction"]
-_SIMPLE_KINDS: dict[type, int] = {
+_SIMPLE_KINDS: Final[dict[type, int]] = {
     Truncate: _KIND_INDEX["truncate"],
     Message: _KIND_INDEX["message"],
     Type: _KIND_INDEX["type"],
@@ -919,27 +919,27 @@ class BatchBuilder:
 
 
 # Event types ``add_run`` adds column by column, and their kinds.
-_RUN_KINDS = {Insert: _INSERT, Update: _UPDATE, Delete: _DELETE}
-_RUN_TYPES = frozenset(_RUN_KINDS)
-_ENCODED_ONLY = frozenset((EncodedRow,))
-_BYTES_ONLY = frozenset((bytes,))
-_LSNS_ONLY = frozenset((LSN,))
-_event_table = attrgetter("table")
-_event_new = attrgetter("new")
-_event_old = attrgetter("old")
-_event_old_is_key = attrgetter("old_is_key")
-_event_lsn = attrgetter("lsn")
-_event_xid = attrgetter("xid")
-_row_bytes = attrgetter("_data")
+_RUN_KINDS: Final = {Insert: _INSERT, Update: _UPDATE, Delete: _DELETE}
+_RUN_TYPES: Final = frozenset(_RUN_KINDS)
+_ENCODED_ONLY: Final = frozenset((EncodedRow,))
+_BYTES_ONLY: Final = frozenset((bytes,))
+_LSNS_ONLY: Final = frozenset((LSN,))
+_event_table: Final = attrgetter("table")
+_event_new: Final = attrgetter("new")
+_event_old: Final = attrgetter("old")
+_event_old_is_key: Final = attrgetter("old_is_key")
+_event_lsn: Final = attrgetter("lsn")
+_event_xid: Final = attrgetter("xid")
+_row_bytes: Final = attrgetter("_data")
 # Positions 0... of a transaction's events, copied into the seq column in one step.
-_SEQ = array("I", range(1 << 16))
-_DEFINITIONS = frozenset((Relation, Type))
+_SEQ: Final = array("I", range(1 << 16))
+_DEFINITIONS: Final = frozenset((Relation, Type))
 # Events ``add_run`` takes in one go at most.
-_MAX_RUN = 1024
+_MAX_RUN: Final = 1024
 # Up to this many events, ``add_run`` tries one stretch of row changes before anything else.
-_FEW_EVENTS = 8
+_FEW_EVENTS: Final = 8
 # RowRuns up to this many rows (after the first change) are appended row by row.
-_FEW_RUN_ROWS = 8
+_FEW_RUN_ROWS: Final = 8
 
 
 def _from_array(arrow_type: pa.DataType, values: array[int]) -> pa.Array:
@@ -1013,9 +1013,9 @@ def encode(transactions: Iterable[CommittedTransaction]) -> pa.RecordBatch:
 
 # --- decoding --------------------------------------------------------------------------------
 
-_encoded_data = EncodedRow.__dict__["_data"].__set__
-_encoded_values = EncodedRow.__dict__["_values"].__set__
-_new_object = object.__new__
+_encoded_data: Final = EncodedRow.__dict__["_data"].__set__
+_encoded_values: Final = EncodedRow.__dict__["_values"].__set__
+_new_object: Final = object.__new__
 
 
 def _decode_rows(column: pa.Array) -> list[Row | None]:

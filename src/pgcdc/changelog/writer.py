@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +49,7 @@ from pgcdc.transactions import CommittedTransaction
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = "writer.lock"
+LOCK_NAME: Final = "writer.lock"
 
 
 def _fsync_dir(path: str, sync: Callable[[int], None] | None = None) -> None:
@@ -85,7 +85,7 @@ def _verify_sealed(fs: pafs.FileSystem, path: str) -> None:
 
 
 # Events that set definitions a reader needs (tracked in the segment header state).
-_DEFINITIONS = frozenset((Relation, Type))
+_DEFINITIONS: Final = frozenset((Relation, Type))
 
 
 class ChangeLogWriter:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import psycopg
 from psycopg import pq
@@ -53,23 +53,23 @@ from pgcdc.lsn import INVALID_LSN, LSN
 
 T = TypeVar("T")
 
-DEFAULT_STATUS_INTERVAL = 10.0  # seconds, as pg_recvlogical
+DEFAULT_STATUS_INTERVAL: Final = 10.0  # seconds, as pg_recvlogical
 # Messages one read_many() call hands out at most: the consumer's own clocks (flush, stop) are
 # looked at between batches. Small batches keep few objects alive at once, so the garbage
 # collector's young generation rarely fills (1024 costs ~20% more CPU than 64 in profiles).
-DEFAULT_BATCH = 64
-_XLOG_DATA = ord("w")
+DEFAULT_BATCH: Final = 64
+_XLOG_DATA: Final = ord("w")
 
-_COMMAND_OK = pq.ExecStatus.COMMAND_OK
-_TUPLES_OK = pq.ExecStatus.TUPLES_OK
-_COPY_BOTH = pq.ExecStatus.COPY_BOTH
-_COPY_STATES = (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH)
-_ERROR_STATES = (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR)
-_SQLSTATE = pq.DiagnosticField.SQLSTATE
-_MESSAGE = pq.DiagnosticField.MESSAGE_PRIMARY
-_DETAIL = pq.DiagnosticField.MESSAGE_DETAIL
+_COMMAND_OK: Final = pq.ExecStatus.COMMAND_OK
+_TUPLES_OK: Final = pq.ExecStatus.TUPLES_OK
+_COPY_BOTH: Final = pq.ExecStatus.COPY_BOTH
+_COPY_STATES: Final = (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH)
+_ERROR_STATES: Final = (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR)
+_SQLSTATE: Final = pq.DiagnosticField.SQLSTATE
+_MESSAGE: Final = pq.DiagnosticField.MESSAGE_PRIMARY
+_DETAIL: Final = pq.DiagnosticField.MESSAGE_DETAIL
 
-_CONNECT_ARGS: dict[str, Any] = {"replication": "database", "autocommit": True}
+_CONNECT_ARGS: Final[dict[str, Any]] = {"replication": "database", "autocommit": True}
 
 
 def _connect_error(error: psycopg.OperationalError) -> errors.PgcdcError:

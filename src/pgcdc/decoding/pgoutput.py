@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, NoReturn
+from typing import Any, Final, Literal, NoReturn
 
 from mypy_extensions import mypyc_attr
 
@@ -59,38 +59,38 @@ from pgcdc.tupledata import read_tuple_reference, trailing_bytes_error, tuple_en
 
 __all__ = ["MAX_PROTO_VERSION", "PgOutputDecoder", "PgOutputOptions", "max_proto_version"]
 
-MAX_PROTO_VERSION = 4
+MAX_PROTO_VERSION: Final = 4
 """The newest pgoutput protocol this decoder reads."""
 
 Streaming = Literal["off", "on", "parallel"]
 
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 
-_U32 = struct.Struct("!I").unpack_from
-_I32 = struct.Struct("!i").unpack_from
-_U16 = struct.Struct("!H").unpack_from
-_LSN = struct.Struct("!Q").unpack_from
-_BEGIN = struct.Struct("!QqI").unpack_from  # final_lsn, commit_time, xid
-_COMMIT = struct.Struct("!BQQq").unpack_from  # flags, commit_lsn, end_lsn, commit_time
-_STREAM_START = struct.Struct("!IB").unpack_from  # xid, first_segment
-_STREAM_COMMIT = struct.Struct("!IBQQq").unpack_from  # xid, flags, commit/end lsn, time
-_STREAM_ABORT = struct.Struct("!II").unpack_from  # xid, subxid
-_STREAM_ABORT_INFO = struct.Struct("!IIQq").unpack_from  # + abort_lsn, abort_time (v4 parallel)
-_BEGIN_PREPARE = struct.Struct("!QQqI").unpack_from  # prepare_lsn, end_lsn, time, xid
-_PREPARE = struct.Struct("!BQQqI").unpack_from  # flags, lsn, end_lsn, time, xid
-_ROLLBACK_PREPARED = struct.Struct("!BQQqqI").unpack_from  # flags, 2 lsns, 2 times, xid
-_MESSAGE = struct.Struct("!BQ").unpack_from  # flags, lsn
-_ATTR = struct.Struct("!Ii").unpack_from  # type oid, type modifier
+_U32: Final = struct.Struct("!I").unpack_from
+_I32: Final = struct.Struct("!i").unpack_from
+_U16: Final = struct.Struct("!H").unpack_from
+_LSN: Final = struct.Struct("!Q").unpack_from
+_BEGIN: Final = struct.Struct("!QqI").unpack_from  # final_lsn, commit_time, xid
+_COMMIT: Final = struct.Struct("!BQQq").unpack_from  # flags, commit_lsn, end_lsn, commit_time
+_STREAM_START: Final = struct.Struct("!IB").unpack_from  # xid, first_segment
+_STREAM_COMMIT: Final = struct.Struct("!IBQQq").unpack_from  # xid, flags, commit/end lsn, time
+_STREAM_ABORT: Final = struct.Struct("!II").unpack_from  # xid, subxid
+_STREAM_ABORT_INFO: Final = struct.Struct("!IIQq").unpack_from  # + abort lsn and time (v4 parallel)
+_BEGIN_PREPARE: Final = struct.Struct("!QQqI").unpack_from  # prepare_lsn, end_lsn, time, xid
+_PREPARE: Final = struct.Struct("!BQQqI").unpack_from  # flags, lsn, end_lsn, time, xid
+_ROLLBACK_PREPARED: Final = struct.Struct("!BQQqqI").unpack_from  # flags, 2 lsns, 2 times, xid
+_MESSAGE: Final = struct.Struct("!BQ").unpack_from  # flags, lsn
+_ATTR: Final = struct.Struct("!Ii").unpack_from  # type oid, type modifier
 
 _NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
 
 # First protocol version that has each message type.
-_SINCE = {
+_SINCE: Final = {
     **dict.fromkeys(b"BCORYIUDTM", 1),
     **dict.fromkeys(b"SEcA", 2),
     **dict.fromkeys(b"bPKrp", 3),
 }
-_NAMES = {
+_NAMES: Final = {
     ord("B"): "Begin",
     ord("C"): "Commit",
     ord("O"): "Origin",
@@ -111,10 +111,10 @@ _NAMES = {
     ord("r"): "Rollback Prepared",
     ord("p"): "Stream Prepare",
 }
-_REPLICA_IDENTITY = {ord(r.value): r for r in ReplicaIdentity}
+_REPLICA_IDENTITY: Final = {ord(r.value): r for r in ReplicaIdentity}
 
 
-_new_object = object.__new__
+_new_object: Final = object.__new__
 
 
 _insert_lsn, _insert_table, _insert_new, _insert_xid = field_setters(Insert)
@@ -127,8 +127,8 @@ _insert_lsn, _insert_table, _insert_new, _insert_xid = field_setters(Insert)
     _update_xid,
 ) = field_setters(Update)
 _delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = field_setters(Delete)
-_BEGIN_SETTERS = field_setters(Begin)
-_COMMIT_SETTERS = field_setters(Commit)
+_BEGIN_SETTERS: Final = field_setters(Begin)
+_COMMIT_SETTERS: Final = field_setters(Commit)
 
 
 def _time(micros: int, epoch: datetime = _PG_EPOCH, delta: type[timedelta] = timedelta) -> datetime:
@@ -142,7 +142,7 @@ def _time(micros: int, epoch: datetime = _PG_EPOCH, delta: type[timedelta] = tim
 
 # LSNs read with an unsigned 64-bit ``struct`` format are always in range: ``_int_new(LSN, v)``
 # builds them without LSN.__new__'s check (two per transaction boundary).
-_int_new = int.__new__
+_int_new: Final = int.__new__
 
 
 def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
@@ -152,8 +152,8 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos:end].decode(), end + 1
 
 
-_encoded_data = EncodedRow.__dict__["_data"].__set__
-_encoded_values = EncodedRow.__dict__["_values"].__set__
+_encoded_data: Final = EncodedRow.__dict__["_data"].__set__
+_encoded_values: Final = EncodedRow.__dict__["_values"].__set__
 
 
 def _check_width(buf: bytes, pos: int, table: Table) -> None:
@@ -702,8 +702,8 @@ def _restore(
 
 OriginFilter = Literal["any", "none"]
 
-_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
-_NAMEDATALEN = 64
+_PLAIN_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_$]*")
+_NAMEDATALEN: Final = 64
 
 
 def max_proto_version(server_version_num: int) -> int:

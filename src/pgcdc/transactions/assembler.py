@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from pgcdc.errors import TransactionSequenceError
 from pgcdc.events import (
@@ -74,15 +74,15 @@ from pgcdc.transactions.options import AssemblyOptions
 from pgcdc.transactions.sizing import estimate_size
 from pgcdc.transactions.spill import SpillDirectory, SpillWriter, without_xid
 
-_CONTENT_TYPES = (Insert, Update, Delete, Truncate, Message)
-_ROW_TYPES = frozenset((Insert, Update, Delete))
-_CATALOG_TYPES = (Relation, Type)
-_NOTHING: tuple[CommittedTransaction, ...] = ()
+_CONTENT_TYPES: Final = (Insert, Update, Delete, Truncate, Message)
+_ROW_TYPES: Final = frozenset((Insert, Update, Delete))
+_CATALOG_TYPES: Final = (Relation, Type)
+_NOTHING: Final[tuple[CommittedTransaction, ...]] = ()
 # Every emitted transaction is built with these (see pgcdc.events.field_setters): the frozen
 # dataclass's own __init__ would cost more than the rest of a one-change transaction's emit.
-_COMMITTED_SETTERS = field_setters(CommittedTransaction)
-_new_object = object.__new__
-_COMMIT_OUTCOME = TransactionOutcome.COMMIT
+_COMMITTED_SETTERS: Final = field_setters(CommittedTransaction)
+_new_object: Final = object.__new__
+_COMMIT_OUTCOME: Final = TransactionOutcome.COMMIT
 
 
 def _committed(

@@ -15,13 +15,14 @@ skip ``message`` and ``message_done`` for LSNs before ``end_lsn``, where they ne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from pgcdc.lsn import INVALID_LSN, LSN
 
 __all__ = ["END", "FLUSH", "NO_END", "Confirm", "Flush", "ReplicationSession", "Stop"]
 
 # Above every LSN: ``watch_from`` without an ``end_lsn``.
-NO_END = 1 << 64
+NO_END: Final = 1 << 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +44,9 @@ class Stop:
     reason: str
 
 
-FLUSH = Flush()
-END = Stop("end_lsn")
-_NOTHING: tuple[Confirm | Stop, ...] = ()
+FLUSH: Final = Flush()
+END: Final = Stop("end_lsn")
+_NOTHING: Final[tuple[Confirm | Stop, ...]] = ()
 
 
 class ReplicationSession:
