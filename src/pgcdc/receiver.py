@@ -154,7 +154,8 @@ _FEW_EVENTS: Final = 16
 _RUN_STARTS: Final = frozenset((Insert, Update, Delete))
 _RUN_ROW_START: Final = RowRun.HEADER_BYTES
 # pgoutput's Begin and Commit message types, which ``_loop`` hands the assembler as fields.
-_BEGIN_BYTE, _COMMIT_BYTE = ord("B"), ord("C")
+_BEGIN_BYTE: Final = ord("B")
+_COMMIT_BYTE: Final = ord("C")
 RUN_MAX_ROWS: Final = 4096
 # A run without rows after its first change yet: shared, never appended to.
 _NO_LSNS: Final[list[LSN]] = []
@@ -788,6 +789,9 @@ class Receiver:
         run_lsns: list[LSN] = _NO_LSNS
         run_rows: list[bytes] = _NO_ROWS
         run_size = 0
+        # Classes of modules that are not compiled, read once (compiled code would look each up
+        # in this module's dict for every message).
+        xlog_data, update = XLogData, Update
         policy.streaming(clock())
         while True:
             if stop.is_set():
@@ -801,7 +805,7 @@ class Receiver:
             # Messages already received are handled in a batch; stop and the flush clock are
             # looked at between batches.
             for message in read_many(wait, BURST_MESSAGES):
-                if type(message) is XLogData:
+                if type(message) is xlog_data:
                     if pgoutput is None:
                         if self._xlog(message, decoder, assembler):
                             return "end_lsn"
@@ -879,7 +883,7 @@ class Receiver:
                     if (
                         kind in run_starts
                         and event.xid is None  # type: ignore[union-attr]
-                        and (kind is not Update or event.old is None)  # type: ignore[union-attr]
+                        and (kind is not update or event.old is None)  # type: ignore[union-attr]
                     ):
                         run_first = event  # type: ignore[assignment]
                         run_source = payload

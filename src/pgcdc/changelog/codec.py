@@ -276,8 +276,11 @@ _U64: Final = 1 << 64
 _EventRow = tuple[
     int, int, int, int, int | None, int | None, bytes | None, bytes | None, bool | None
 ]
-_INSERT, _UPDATE, _DELETE = _KIND_INDEX["insert"], _KIND_INDEX["update"], _KIND_INDEX["delete"]
-_RELATION, _TRANSACTION = _KIND_INDEX["relation"], _KIND_INDEX["transaction"]
+_INSERT: Final = _KIND_INDEX["insert"]
+_UPDATE: Final = _KIND_INDEX["update"]
+_DELETE: Final = _KIND_INDEX["delete"]
+_RELATION: Final = _KIND_INDEX["relation"]
+_TRANSACTION: Final = _KIND_INDEX["transaction"]
 _SIMPLE_KINDS: Final[dict[type, int]] = {
     Truncate: _KIND_INDEX["truncate"],
     Message: _KIND_INDEX["message"],

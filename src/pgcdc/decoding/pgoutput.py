@@ -82,7 +82,9 @@ _ROLLBACK_PREPARED: Final = struct.Struct("!BQQqqI").unpack_from  # flags, 2 lsn
 _MESSAGE: Final = struct.Struct("!BQ").unpack_from  # flags, lsn
 _ATTR: Final = struct.Struct("!Ii").unpack_from  # type oid, type modifier
 
-_NEW, _KEY, _OLD = b"N"[0], b"K"[0], b"O"[0]
+_NEW: Final = ord("N")
+_KEY: Final = ord("K")
+_OLD: Final = ord("O")
 
 # First protocol version that has each message type.
 _SINCE: Final = {
@@ -117,16 +119,9 @@ _REPLICA_IDENTITY: Final = {ord(r.value): r for r in ReplicaIdentity}
 _new_object: Final = object.__new__
 
 
-_insert_lsn, _insert_table, _insert_new, _insert_xid = field_setters(Insert)
-(
-    _update_lsn,
-    _update_table,
-    _update_new,
-    _update_old,
-    _update_old_is_key,
-    _update_xid,
-) = field_setters(Update)
-_delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = field_setters(Delete)
+_INSERT_SETTERS: Final = field_setters(Insert)
+_UPDATE_SETTERS: Final = field_setters(Update)
+_DELETE_SETTERS: Final = field_setters(Delete)
 _BEGIN_SETTERS: Final = field_setters(Begin)
 _COMMIT_SETTERS: Final = field_setters(Commit)
 
@@ -520,10 +515,11 @@ class PgOutputDecoder:
         _encoded_data(row, buf[pos:])
         _encoded_values(row, None)
         event = _new_object(Insert)
-        _insert_lsn(event, lsn)
-        _insert_table(event, table)
-        _insert_new(event, row)
-        _insert_xid(event, xid)
+        set_lsn, set_table, set_new, set_xid = _INSERT_SETTERS
+        set_lsn(event, lsn)
+        set_table(event, table)
+        set_new(event, row)
+        set_xid(event, xid)
         return event
 
     def _update(self, buf: bytes, lsn: LSN) -> Event:
@@ -555,12 +551,13 @@ class PgOutputDecoder:
         else:
             raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
         event = _new_object(Update)
-        _update_lsn(event, lsn)
-        _update_table(event, table)
-        _update_new(event, new)
-        _update_old(event, old)
-        _update_old_is_key(event, kind == _KEY)
-        _update_xid(event, xid)
+        set_lsn, set_table, set_new, set_old, set_old_is_key, set_xid = _UPDATE_SETTERS
+        set_lsn(event, lsn)
+        set_table(event, table)
+        set_new(event, new)
+        set_old(event, old)
+        set_old_is_key(event, kind == _KEY)
+        set_xid(event, xid)
         return event
 
     def _delete(self, buf: bytes, lsn: LSN) -> Event:
@@ -572,11 +569,12 @@ class PgOutputDecoder:
             raise DecodeError(f"expected 'K' (old key) or 'O' (old row), got {chr(kind)!r}")
         old = self._last_row(buf, pos + 5, table)
         event = _new_object(Delete)
-        _delete_lsn(event, lsn)
-        _delete_table(event, table)
-        _delete_old(event, old)
-        _delete_old_is_key(event, kind == _KEY)
-        _delete_xid(event, xid)
+        set_lsn, set_table, set_old, set_old_is_key, set_xid = _DELETE_SETTERS
+        set_lsn(event, lsn)
+        set_table(event, table)
+        set_old(event, old)
+        set_old_is_key(event, kind == _KEY)
+        set_xid(event, xid)
         return event
 
     def _truncate(self, buf: bytes, lsn: LSN) -> Event:
