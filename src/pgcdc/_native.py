@@ -21,6 +21,7 @@ from types import ModuleType
 
 # Every message the receiver handles passes through these, in the direction data flows.
 COMPILED_MODULES = (
+    "pgcdc.connection.protocol",
     "pgcdc.connection.replication",
     "pgcdc.decoding.pgoutput",
     "pgcdc.transactions.assembler",

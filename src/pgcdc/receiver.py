@@ -789,9 +789,9 @@ class Receiver:
         run_lsns: list[LSN] = _NO_LSNS
         run_rows: list[bytes] = _NO_ROWS
         run_size = 0
-        # Classes of modules that are not compiled, read once (compiled code would look each up
+        # A class of a module that is not compiled, read once (compiled code would look it up
         # in this module's dict for every message).
-        xlog_data, update = XLogData, Update
+        update = Update
         policy.streaming(clock())
         while True:
             if stop.is_set():
@@ -805,7 +805,7 @@ class Receiver:
             # Messages already received are handled in a batch; stop and the flush clock are
             # looked at between batches.
             for message in read_many(wait, BURST_MESSAGES):
-                if type(message) is xlog_data:
+                if type(message) is XLogData:
                     if pgoutput is None:
                         if self._xlog(message, decoder, assembler):
                             return "end_lsn"

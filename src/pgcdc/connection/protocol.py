@@ -12,34 +12,35 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
 from pgcdc.errors import InvalidArgument, ProtocolError
 from pgcdc.lsn import LSN
 
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 
-XLOG_DATA = 0x77  # 'w'
-PRIMARY_KEEPALIVE = 0x6B  # 'k'
-STANDBY_STATUS_UPDATE = 0x72  # 'r'
-HOT_STANDBY_FEEDBACK = 0x68  # 'h'
+XLOG_DATA: Final = 0x77  # 'w'
+PRIMARY_KEEPALIVE: Final = 0x6B  # 'k'
+STANDBY_STATUS_UPDATE: Final = 0x72  # 'r'
+HOT_STANDBY_FEEDBACK: Final = 0x68  # 'h'
 
 # PostgreSQL never builds a message larger than MaxAllocHugeSize-ish buffers allow; a 1 GiB
 # payload is already beyond what one logical change can produce, so anything larger is corrupt.
-DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
+DEFAULT_MAX_MESSAGE_SIZE: Final = 1 << 30
 
 # XLogData's header after its 'w' byte: data_start, wal_end, send_time (read inline by
 # ReplicationStream.poll_many, the hot path).
-XLOG_HEADER = struct.Struct(">QQq")
-XLOG_HEADER_SIZE = 1 + XLOG_HEADER.size
-_KEEPALIVE = struct.Struct(">QqB")  # wal_end, send_time, reply_requested
-_KEEPALIVE_SIZE = 1 + _KEEPALIVE.size
-_STATUS_UPDATE = struct.Struct(">cQQQqB")
-_HOT_STANDBY_FEEDBACK = struct.Struct(">cqIIII")
+XLOG_HEADER: Final = struct.Struct(">QQq")
+XLOG_HEADER_SIZE: Final = 25  # a literal, inlined in compiled code
+assert 1 + XLOG_HEADER.size == XLOG_HEADER_SIZE
+_KEEPALIVE: Final = struct.Struct(">QqB")  # wal_end, send_time, reply_requested
+_KEEPALIVE_SIZE: Final = 1 + _KEEPALIVE.size
+_STATUS_UPDATE: Final = struct.Struct(">cQQQqB")
+_HOT_STANDBY_FEEDBACK: Final = struct.Struct(">cqIIII")
 
-_ONE_MICROSECOND = timedelta(microseconds=1)
+_ONE_MICROSECOND: Final = timedelta(microseconds=1)
 # int.__new__ skips LSN's range check: an unsigned 64-bit field is always a valid LSN.
-_new_int = int.__new__
-_new_object = object.__new__
+_new_int: Final = int.__new__
 
 
 def to_pg_timestamp(moment: datetime) -> int:
@@ -50,8 +51,8 @@ def to_pg_timestamp(moment: datetime) -> int:
 
 
 # The send times a datetime can hold (microseconds since 2000-01-01).
-MIN_SEND_TIME = (datetime.min.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
-MAX_SEND_TIME = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
+MIN_SEND_TIME: Final = (datetime.min.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
+MAX_SEND_TIME: Final = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MICROSECOND
 
 
 def from_pg_timestamp(microseconds: int) -> datetime:
@@ -71,8 +72,9 @@ class XLogData:
     ``wal_end`` is the end of WAL on the server when it was sent, not the end of this message.
     ``payload`` is a view into the received buffer when the input was a memoryview (no copy);
     call ``bytes(payload)`` to keep it independent of that buffer's type. This is the hot
-    path, so it is a plain slotted class and ``wal_end`` and ``send_time`` become an LSN and
-    a datetime only when read.
+    path (a native class in the compiled build), so ``wal_end`` and ``send_time`` become an
+    LSN and a datetime only when read, and ``send_time`` may be given as the wire carries it:
+    microseconds since 2000-01-01 UTC.
     """
 
     __slots__ = ("_sent", "_wal_end", "data_start", "payload")
@@ -83,11 +85,15 @@ class XLogData:
     _sent: int
 
     def __init__(
-        self, data_start: LSN, wal_end: LSN, send_time: datetime, payload: bytes | memoryview
+        self,
+        data_start: LSN,
+        wal_end: int,
+        send_time: datetime | int,
+        payload: bytes | memoryview,
     ) -> None:
         self.data_start = data_start
         self._wal_end = wal_end
-        self._sent = to_pg_timestamp(send_time)
+        self._sent = send_time if isinstance(send_time, int) else to_pg_timestamp(send_time)
         self.payload = payload
 
     @property
@@ -177,12 +183,8 @@ def parse_xlog_data(buf: bytes | memoryview) -> XLogData:
         ) from None
     if not MIN_SEND_TIME <= sent <= MAX_SEND_TIME:
         from_pg_timestamp(sent)  # raises the ProtocolError that explains it
-    message = _new_object(XLogData)
-    message.data_start = _new_int(LSN, start)
-    message._wal_end = end  # made an LSN when read: rarely, and not per message
-    message._sent = sent
-    message.payload = buf[XLOG_HEADER_SIZE:]
-    return message
+    # wal_end is made an LSN when read: rarely, and not per message.
+    return XLogData(_new_int(LSN, start), end, sent, buf[XLOG_HEADER_SIZE:])
 
 
 def _now_microseconds(now: datetime | None) -> int:

@@ -386,11 +386,8 @@ class _StreamCore:
             self.send_status()
         get_copy_data = self.pgconn.get_copy_data
         append = messages.append
-        unpack_header, new_message, new_lsn = XLOG_HEADER.unpack_from, object.__new__, int.__new__
-        # Names of modules that are not compiled, read once: compiled code would look each up
-        # in this module's dict for every message.
-        xlog_data, lsn_type, header_size = XLogData, LSN, XLOG_HEADER_SIZE
-        min_sent, max_sent = MIN_SEND_TIME, MAX_SEND_TIME
+        unpack_header, new_lsn = XLOG_HEADER.unpack_from, int.__new__
+        lsn_type = LSN  # not compiled: read once, not looked up in this module's dict per message
         max_size = self.max_message_size
         read_socket = True
         taken = 0
@@ -408,18 +405,14 @@ class _StreamCore:
                         continue
                     break
                 taken += 1
-                if data[0] == _XLOG_DATA and header_size <= size <= max_size:
+                if data[0] == _XLOG_DATA and XLOG_HEADER_SIZE <= size <= max_size:
                     # parse_xlog_data inlined: the header is there, one unpack reads it.
                     start, wal_end, sent = unpack_header(data, 1)
-                    if not min_sent <= sent <= max_sent:
+                    if not MIN_SEND_TIME <= sent <= MAX_SEND_TIME:
                         append(parse_xlog_data(data))  # raises the error that explains it
                         continue
-                    xlog: XLogData = new_message(xlog_data)
-                    xlog.data_start = new_lsn(lsn_type, start)
-                    xlog._wal_end = wal_end
-                    xlog._sent = sent
-                    xlog.payload = data[header_size:]
-                    append(xlog)
+                    payload = data[XLOG_HEADER_SIZE:]
+                    append(XLogData(new_lsn(lsn_type, start), wal_end, sent, payload))
                     continue
                 message = parse_copy_data(data, max_size)
                 if type(message) is PrimaryKeepalive:
