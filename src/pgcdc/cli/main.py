@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import gc
 import importlib
 import os
 import signal
@@ -27,6 +26,7 @@ from pgcdc import __version__
 from pgcdc.cli import recvlogical
 from pgcdc.cli.common import PROG, add_connection_arguments, add_help_argument, error_line
 from pgcdc.errors import PgcdcError, storage_error
+from pgcdc.runtime import freeze_imports
 
 COMMAND_MODULES = (
     "pgcdc.cli.slots",
@@ -90,12 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    if argv is None:
-        # The process is this command: what the imports made lives as long as it does, so the
-        # collector need not walk it again in every full collection, nor at exit (about a tenth
-        # of a second of a short command). Not when called in process (tests): cyclic garbage
-        # of the caller's would never be freed.
-        gc.freeze()
+    if argv is None:  # the process is this command, not a caller's (tests call main(argv))
+        freeze_imports()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None) or getattr(args, "func", None)
     try:

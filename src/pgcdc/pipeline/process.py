@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import gc
 import logging
 import os
 import signal
@@ -34,6 +33,7 @@ import pgcdc
 from pgcdc.errors import ReceiverProcessError, portable, storage_error
 from pgcdc.lsn import LSN
 from pgcdc.receiver import ReceiverProgress
+from pgcdc.runtime import freeze_imports, quiet_blas
 
 if TYPE_CHECKING:
     from pgcdc.pipeline import Settings
@@ -102,9 +102,7 @@ def _child(messages: Connection, control: Connection) -> None:
         stop.set()
 
     threading.Thread(target=watch_parent, name="pgcdc-stop", daemon=True).start()
-    # This process only receives: what its imports made lives as long as it does, and the
-    # collector need not walk it again (as the pgcdc command, ``pgcdc.cli.main``).
-    gc.freeze()
+    freeze_imports()
     try:
         progress = receive(settings, end_lsn, stop)
     except BaseException as exc:
@@ -143,6 +141,7 @@ class ReceiverProcess:
         control_read, control_write = os.pipe()
         package_root = str(Path(pgcdc.__file__).resolve().parents[1])
         env = dict(os.environ)
+        quiet_blas(env)  # also when the pipeline runs in a caller's process, not the command's
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         try:
             self._process = subprocess.Popen(
