@@ -9,6 +9,7 @@ stopped while the initial snapshot copies makes the next session take the snapsh
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import Counter
@@ -357,17 +358,17 @@ def test_a_receiver_process_prints_its_threads_stacks_on_request(
     with _running(_settings(conninfo, tmp_path)) as process:
         _new_walsender(conninfo, None)
         process.dump_stacks()
-        # faulthandler writes thread by thread: gather stderr until the receiver's frame shows.
-        seen: list[str] = []
-
+        # faulthandler writes thread by thread: look at the captured stderr until the receiver's
+        # frame shows. Peek with pread: reading the capture (readouterr) truncates the file the
+        # child is still writing to, which loses what it writes between the read and the truncate.
         frame = "in _wait" if _native.compiled() else "receiver.py"
 
         def dumped() -> bool:
-            seen.append(capfd.readouterr().err)
-            return frame in "".join(seen)
+            captured = os.pread(2, os.fstat(2).st_size, 0)
+            return frame in captured.decode(errors="replace")
 
         wait_until(dumped, timeout=30)
-        err = "".join(seen)
+        err = capfd.readouterr().err
         assert "most recent call first" in err and "in receive" in err and frame in err, err
         assert process.is_alive()
     assert process.error is None
