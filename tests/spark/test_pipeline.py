@@ -113,6 +113,12 @@ def test_batch_and_streaming_reads_of_the_data_source(
     assert {r["commit_lsn"] for r in ranged} == set(commits[2:5])
     assert len(ranged) == 90
     assert all(r["values"]["name"] == "n" + r["values"]["id"] for r in ranged)
+    # Nothing to read (a range past the log's end, a log with no segments): no rows, no error
+    # (pyspark reads one partition of its own when the reader plans none).
+    past_the_end = spark.read.format("pgcdc").option("path", str(root))
+    assert past_the_end.option("startingLsn", str(commits[-1] + 1)).load().count() == 0
+    (tmp_path / "empty").mkdir()
+    assert spark.read.format("pgcdc").option("path", str(tmp_path / "empty")).load().count() == 0
 
     seen: list[list[int]] = []
 

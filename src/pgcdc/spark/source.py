@@ -574,7 +574,9 @@ class _Reader:
         return parts
 
     def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentPartition)
+        if not isinstance(partition, SegmentPartition):
+            # pyspark reads one partition of its own when the reader plans none: nothing to read.
+            return iter(())
         if self.settings.mode == "chunks":
             return read_chunks(partition, self.settings)
         if self.settings.mode == "typed":
