@@ -34,6 +34,7 @@ from pgcdc.decoding.state import table_from_dict
 from pgcdc.errors import CheckpointUnavailable, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.sinks.kinds import parse_kinds
+from pgcdc.spark import class_archive
 from pgcdc.spark.local_python import choose_python
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
 from pgcdc.storage import StorageOptions
@@ -199,8 +200,9 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     and allocate Arrow's memory with the C library's malloc (pyarrow's default, mimalloc, spent
     much of an executor's CPU in the kernel handing freed pages back and faulting new ones in,
     as the initial snapshot's tasks build large columns one after the other) and, for a local
-    master, a driver JVM that compiles only with C1: the C2 compiler spent
-    2-4 s of CPU per run on code that mostly copies bytes, CPU the receiver needs. A local
+    master, a driver JVM that compiles only with C1 (the C2 compiler spent seconds of CPU per
+    run on code that mostly copies bytes, CPU the receiver needs) and maps the class archive
+    when there is one (``pgcdc.spark.class_archive``). A local
     session's other Python processes (planning, the streaming source) skip the zip too, through
     ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python.choose_python``) unless the user set it."""
     local = master.startswith("local")
@@ -216,7 +218,7 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
         "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
     }
     if local:
-        defaults["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
+        defaults["spark.driver.extraJavaOptions"] = " ".join(class_archive.driver_options())
     settings = {**defaults, **conf}
     for key, value in settings.items():
         builder = builder.config(key, value)
