@@ -80,3 +80,4 @@ def test_a_built_archive_is_mapped_by_the_next_local_session(
     garbage.write_bytes(os.urandom(1 << 20))
     assert not class_archive._session_in_child("check", garbage, timeout=300)
     assert class_archive._session_in_child("check", archive, timeout=300)
+    assert not list(Path.cwd().glob("hs_err_pid*.log"))  # no crash report left here

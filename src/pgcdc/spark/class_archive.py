@@ -97,17 +97,21 @@ def driver_options() -> tuple[str, ...]:
 def _session_in_child(mode: str, archive: Path, timeout: float) -> bool:
     """Run ``mode`` (``train`` or ``check``) in a Python process of its own; True when it and
     its JVM exited cleanly."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pgcdc.spark.class_archive", mode, str(archive)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return False
+    # In a folder of its own: a JVM that crashes on an archive writes its report (hs_err_PID.log)
+    # where it runs.
+    with tempfile.TemporaryDirectory(prefix="pgcdc-class-archive-") as folder:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pgcdc.spark.class_archive", mode, str(archive.resolve())],
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False
     return done.returncode == 0
 
 
