@@ -55,12 +55,18 @@ def test_a_built_archive_is_mapped_by_the_next_local_session(
     without = _session(env)
     assert not any(str(cache) in m for m in without["mapped"])  # type: ignore[attr-defined]
 
-    stale = cache / "spark-classes-0123456789abcdef0123.jsa"  # of a java or Spark since replaced
+    # Archives of other javas or Sparks: the two newest may be other environments' and stay.
     cache.mkdir()
-    stale.write_bytes(b"old")
+    others = [cache / f"spark-classes-{n:020d}.jsa" for n in range(3)]
+    for age, other in enumerate(others):
+        other.write_bytes(b"old")
+        os.utime(other, (1e9 - age, 1e9 - age))
     archive = class_archive.build()
     assert archive is not None and archive == class_archive.archive_path()
-    assert sorted(p.name for p in cache.iterdir()) == [archive.name]  # no partial, no stale file
+    # No partial file; the oldest other archive removed.
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [archive.name, *(o.name for o in others[:2])]
+    )
     assert class_archive.build() == archive  # made once
 
     with_archive = _session(env)

@@ -36,6 +36,7 @@ BASE_OPTIONS: Final = ("-XX:TieredStopAtLevel=1",)
 # user's concern: a session without the archive works, only slower.
 _QUIET: Final = "-Xlog:cds*=off"
 _PREFIX: Final = "spark-classes-"
+_KEEP_OTHERS: Final = 2
 
 
 def cache_dir() -> Path:
@@ -136,9 +137,15 @@ def build(timeout: float = 600.0) -> Path | None:
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    for stale in path.parent.glob(f"{_PREFIX}*.jsa"):
-        if stale != path:
-            stale.unlink(missing_ok=True)  # made for a java or Spark no longer installed
+    # Archives of other javas or Sparks: one may be another environment's (kept, or the two
+    # would remove each other's); older ones are most likely of versions since replaced.
+    others = sorted(
+        (p for p in path.parent.glob(f"{_PREFIX}*.jsa") if p != path),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for stale in others[_KEEP_OTHERS:]:
+        stale.unlink(missing_ok=True)
     return path
 
 
