@@ -221,3 +221,17 @@ def test_the_runner_is_quiet_only_when_spark_closed_its_socket() -> None:
             raise BrokenPipeError  # noqa: B904 (the chain is what is tested)
     except BrokenPipeError as error:
         assert not closed_by_spark(error)
+
+
+def test_the_read_path_imports_no_delta_writer() -> None:
+    """Each of a query's Python processes (data source lookup, planning, the source runner, the
+    workers) imports ``pgcdc.spark.source``: deltalake is for the driver's writes and the typed
+    ``table=`` reads only, not an import every one of them pays."""
+    program = (
+        "import sys, pgcdc.spark.source; "
+        "print(sorted(m for m in ('deltalake', 'pgcdc.sinks.delta') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr

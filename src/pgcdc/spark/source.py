@@ -73,7 +73,6 @@ from pgcdc.events import (
 )
 from pgcdc.lsn import LSN
 from pgcdc.sinks.changes import TableSpec
-from pgcdc.sinks.delta import changelog_schema, prepare
 from pgcdc.sinks.schema import align, delta_schema
 from pgcdc.spark.changes import change_tables
 from pgcdc.storage import StorageOptions
@@ -309,6 +308,8 @@ def spec_for(table: Table, changes_schema: pa.Schema) -> TableSpec:
 def read_typed(
     partition: SegmentPartition, settings: Settings, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
+    from pgcdc.sinks.delta import prepare  # deltalake: only for these reads
+
     for run in _typed_runs(partition, settings):
         if run.table.qualified_name != settings.table:
             continue
@@ -411,6 +412,8 @@ def typed_schema(settings: Settings) -> pa.Schema:
     table, types = found
     schema = arrow_schema(table, types, settings.arrow)
     spec = spec_for(table, schema)
+    from pgcdc.sinks.delta import changelog_schema  # deltalake: only for these reads
+
     return changelog_schema(replace(spec, schema=delta_schema(spec.schema)))
 
 
