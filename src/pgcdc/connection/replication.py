@@ -37,10 +37,6 @@ from pgcdc.connection.commands import (
 from pgcdc.connection.conninfo import timed_out
 from pgcdc.connection.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
-    MAX_SEND_TIME,
-    MIN_SEND_TIME,
-    XLOG_HEADER,
-    XLOG_HEADER_SIZE,
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
@@ -386,8 +382,6 @@ class _StreamCore:
             self.send_status()
         get_copy_data = self.pgconn.get_copy_data
         append = messages.append
-        unpack_header, new_lsn = XLOG_HEADER.unpack_from, int.__new__
-        lsn_type = LSN  # not compiled: read once, not looked up in this module's dict per message
         max_size = self.max_message_size
         read_socket = True
         taken = 0
@@ -405,14 +399,8 @@ class _StreamCore:
                         continue
                     break
                 taken += 1
-                if data[0] == _XLOG_DATA and XLOG_HEADER_SIZE <= size <= max_size:
-                    # parse_xlog_data inlined: the header is there, one unpack reads it.
-                    start, wal_end, sent = unpack_header(data, 1)
-                    if not MIN_SEND_TIME <= sent <= MAX_SEND_TIME:
-                        append(parse_xlog_data(data))  # raises the error that explains it
-                        continue
-                    payload = data[XLOG_HEADER_SIZE:]
-                    append(XLogData(new_lsn(lsn_type, start), wal_end, sent, payload))
+                if data[0] == _XLOG_DATA and size <= max_size:
+                    append(parse_xlog_data(data))  # without parse_copy_data's dispatch
                     continue
                 message = parse_copy_data(data, max_size)
                 if type(message) is PrimaryKeepalive:
