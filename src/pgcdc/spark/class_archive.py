@@ -29,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
+from pgcdc.spark.local_python import spark_home
+
 # Applied to every local driver JVM (pgcdc.spark.pipeline.spark_session): C1 only, as C2 spent
 # seconds of CPU per run compiling code that mostly copies bytes.
 BASE_OPTIONS: Final = ("-XX:TieredStopAtLevel=1",)
@@ -55,17 +57,11 @@ def _java() -> Path | None:
     return Path(os.path.realpath(found)) if found and os.path.exists(found) else None
 
 
-def _spark_jars() -> Path:
-    from pyspark.find_spark_home import _find_spark_home
-
-    return Path(_find_spark_home()) / "jars"
-
-
 def archive_key() -> str | None:
     """A digest of what the archive depends on: the java binary and its libjvm, and Spark's
     jars (names, sizes, times). None without a java or jars to digest."""
     java = _java()
-    jars = _spark_jars()
+    jars = spark_home() / "jars"
     if java is None or not jars.is_dir():
         return None
     digest = hashlib.sha256()
@@ -125,10 +121,7 @@ def build(timeout: float = 600.0) -> Path | None:
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    partial = Path(name)
-    partial.unlink()  # the JVM writes it anew
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # the JVM writes it anew
     try:
         if not _session_in_child("train", partial, timeout) or not partial.is_file():
             return None

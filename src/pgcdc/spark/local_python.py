@@ -26,12 +26,16 @@ from pgcdc.spark import source_runner
 from pgcdc.spark.daemon import installed_instead
 
 
-def spark_zips() -> list[str]:
-    """The zips Spark puts first on its Python processes' path (``$SPARK_HOME/python/lib``,
-    SPARK_HOME found the way pyspark's launcher finds it)."""
+def spark_home() -> Path:
+    """SPARK_HOME, found the way pyspark's launcher finds it."""
     from pyspark.find_spark_home import _find_spark_home
 
-    return sorted(str(p) for p in (Path(_find_spark_home()) / "python" / "lib").glob("*.zip"))
+    return Path(_find_spark_home())
+
+
+def spark_zips() -> list[str]:
+    """The zips Spark puts first on its Python processes' path (``$SPARK_HOME/python/lib``)."""
+    return sorted(str(p) for p in (spark_home() / "python" / "lib").glob("*.zip"))
 
 
 def wrapper_script(python: str, zips: list[str]) -> str:
