@@ -4,11 +4,12 @@ small shell script that takes Spark's pyspark/py4j zips off ``PYTHONPATH``.
 ``spark.python.daemon.module`` (``pgcdc.spark.daemon``) only reaches the workers that run tasks.
 A streaming query also starts processes of its own, each once per query: the data source
 lookup, its creation, read planning and the streaming source runner. Each compiled pyspark from
-the zip (0.7-0.9 s of CPU apiece, measured), CPU a local pipeline's receiver needs. Spark
-builds their ``PYTHONPATH`` itself, zips first, so the only place left to change it is the
-executable named by ``PYSPARK_PYTHON``. The zips are dropped only when the installed pyspark
-is the zip's version (``installed_instead``), and only on POSIX, where a script can stand in
-for an interpreter.
+the zip, CPU a local pipeline's receiver needs. Spark builds their ``PYTHONPATH`` itself, zips
+first, so the only place left to change it is the executable named by ``PYSPARK_PYTHON``. The
+zips are dropped only when the installed pyspark is the zip's version (``installed_instead``),
+and only on POSIX, where a script can stand in for an interpreter. The script then asks the
+driver's fork server (``pgcdc.spark.fork_server``) for the process, so that none of them starts
+an interpreter and imports pyspark at all.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
-from pgcdc.spark import source_runner
+from pgcdc.spark import fork_client, fork_server, source_runner
 from pgcdc.spark.daemon import installed_instead
 
 
@@ -33,18 +35,29 @@ def spark_home() -> Path:
     return Path(_find_spark_home())
 
 
+_FORK_SOCKET = "fork.sock"  # beside the wrapper script
+FORK_SERVER_SWITCH = "PGCDC_FORK_SERVER"  # "0": every Python process starts an interpreter
+
+
 def spark_zips() -> list[str]:
     """The zips Spark puts first on its Python processes' path (``$SPARK_HOME/python/lib``)."""
     return sorted(str(p) for p in (spark_home() / "python" / "lib").glob("*.zip"))
 
 
-def wrapper_script(python: str, zips: list[str]) -> str:
+def wrapper_script(python: str, zips: list[str], fork_socket: str | None = None) -> str:
     """A POSIX shell script that runs ``python`` with every entry in ``zips`` removed from
     ``PYTHONPATH`` (the other entries keep their order), and pgcdc's streaming source runner
     in place of pyspark's (``pgcdc.spark.source_runner``: the same runner, without a traceback
-    when Spark stops it)."""
+    when Spark stops it). While a fork server listens on ``fork_socket``, the process is asked
+    of it (``pgcdc.spark.fork_client``)."""
     patterns = "|".join(shlex.quote(z) for z in zips)
     runner = shlex.quote(source_runner.PYSPARK_MODULE)
+    python = shlex.quote(python)
+    forked = ""
+    if fork_socket is not None:
+        client, sock = shlex.quote(fork_client.__file__), shlex.quote(fork_socket)
+        forked = f'if [ -S {sock} ]; then\n  exec {python} -I -S {client} {sock} {python} "$@"\n'
+        forked += "fi\n"
     return (
         "#!/bin/sh\n"
         "# Written by pgcdc.spark.local_python: Spark's Python processes import the installed\n"
@@ -61,7 +74,8 @@ def wrapper_script(python: str, zips: list[str]) -> str:
         f'if [ "$#" -eq 2 ] && [ "$1" = -m ] && [ "$2" = {runner} ]; then\n'
         f"  set -- -m {source_runner.__name__}\n"
         "fi\n"
-        f'exec {shlex.quote(python)} "$@"\n'
+        f"{forked}"
+        f'exec {python} "$@"\n'
     )
 
 
@@ -78,7 +92,7 @@ def worker_python() -> str:
     folder = tempfile.mkdtemp(prefix="pgcdc-spark-python-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     script = Path(folder) / "python"
-    script.write_text(wrapper_script(sys.executable, zips))
+    script.write_text(wrapper_script(sys.executable, zips, str(Path(folder) / _FORK_SOCKET)))
     script.chmod(0o700)
     return str(script)
 
@@ -97,3 +111,45 @@ def choose_python(local: bool) -> None:
     wanted = worker_python() if local else sys.executable
     os.environ["PYSPARK_PYTHON"] = wanted
     _chosen.append(wanted)
+
+
+_fork_servers: list[fork_server.ForkServer] = []
+
+
+def start_fork_server(settings: Mapping[str, str]) -> None:
+    """Start the fork server the wrapper script asks for its processes
+    (``pgcdc.spark.fork_server``), once per driver process, when the next session's Python
+    processes run the wrapper, unless ``PGCDC_FORK_SERVER=0``. Call it as Spark's JVM starts:
+    its processes inherit the JVM's environment, the driver's now, to which Spark adds what
+    ``worker_environment`` adds."""
+    if os.environ.get(FORK_SERVER_SWITCH) == "0":
+        return
+    wrapper = worker_python()
+    if _fork_servers or wrapper == sys.executable or os.environ.get("PYSPARK_PYTHON") != wrapper:
+        return
+    path = str(Path(wrapper).parent / _FORK_SOCKET)
+    server = fork_server.start(path, worker_environment(settings))
+    _fork_servers.append(server)
+    atexit.register(server.stop)
+
+
+def worker_environment(settings: Mapping[str, str]) -> dict[str, str]:
+    """The environment a local session with ``settings`` gives its Python processes, as the
+    wrapper script passes it on (Spark's zips off ``PYTHONPATH``), up to the variables it sets
+    per process (``fork_server.RUNTIME_PREFIXES``)."""
+    env = dict(os.environ)
+    zips = set(spark_zips())
+    kept = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry not in zips]
+    # Spark's PYTHONPATH: its zips, the jar of spark-core (for deployments that ship pyspark in
+    # it), then the JVM's own PYTHONPATH.
+    env["PYTHONPATH"] = os.pathsep.join([*_spark_core_jars(), *filter(None, kept)])
+    env["PYTHONHASHSEED"] = env.get("PYTHONHASHSEED", "0")  # pyspark's SparkContext sets it so
+    env["PYTHONUNBUFFERED"] = "YES"  # as Spark's PythonWorkerFactory sets it
+    env.setdefault("OMP_NUM_THREADS", "1")  # as Spark sets it for a task's worker
+    prefix = "spark.executorEnv."
+    env.update({k[len(prefix) :]: v for k, v in settings.items() if k.startswith(prefix)})
+    return env
+
+
+def _spark_core_jars() -> list[str]:
+    return sorted(str(p) for p in (spark_home() / "jars").glob("spark-core_*.jar"))

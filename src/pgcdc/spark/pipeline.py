@@ -35,7 +35,7 @@ from pgcdc.errors import CheckpointUnavailable, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.sinks.kinds import parse_kinds
 from pgcdc.spark import class_archive
-from pgcdc.spark.local_python import choose_python
+from pgcdc.spark.local_python import choose_python, start_fork_server
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
 from pgcdc.storage import StorageOptions
 
@@ -242,6 +242,8 @@ def _start_jvm_apart(master: str, app_name: str, settings: Mapping[str, str]) ->
         if SparkContext._gateway is None:
             conf = SparkConf().setMaster(master).setAppName(app_name)
             conf.setAll(list(settings.items()))
+            if master.startswith("local"):
+                start_fork_server(settings)  # importing while the JVM starts
             apart = {"start_new_session": True}
             gateway = launch_gateway(conf, popen_kwargs=apart)  # type: ignore[no-untyped-call]
             SparkContext._gateway = gateway
