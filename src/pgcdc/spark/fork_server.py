@@ -34,9 +34,10 @@ from dataclasses import dataclass
 
 from pgcdc.spark import fork_client
 
-# What the processes of a query import: loaded once here, before any fork.
+# What the processes of a query import: loaded once here, before any fork. Not the modules
+# they run (``pyspark.daemon``, which ``pgcdc.spark.daemon`` runs too): Python warns when a
+# module it is asked to run as ``__main__`` was imported already.
 PRELOADED = (
-    "pyspark.daemon",
     "pyspark.worker",
     "pyspark.sql.worker.create_data_source",
     "pyspark.sql.worker.plan_data_source_read",
@@ -248,7 +249,13 @@ def main(argv: list[str]) -> None:
             importlib.import_module(name)
     gc.collect()
     gc.freeze()  # children then leave the imported objects' pages shared
-    request = _Server(path).serve()
+    try:
+        server = _Server(path)
+    except OSError as error:
+        print(f"pgcdc: no fork server on {path} ({error}): Spark's Python processes start "
+              "interpreters of their own", file=sys.stderr)  # fmt: skip
+        sys.exit(1)
+    request = server.serve()
     if request is not None:
         _run(request)
 

@@ -36,6 +36,7 @@ def spark_home() -> Path:
 
 
 _FORK_SOCKET = "fork.sock"  # beside the wrapper script
+_SOCKET_PATH_MAX = 108  # sun_path, its final NUL included
 FORK_SERVER_SWITCH = "PGCDC_FORK_SERVER"  # "0": every Python process starts an interpreter
 
 
@@ -128,6 +129,8 @@ def start_fork_server(settings: Mapping[str, str]) -> None:
     if _fork_servers or wrapper == sys.executable or os.environ.get("PYSPARK_PYTHON") != wrapper:
         return
     path = str(Path(wrapper).parent / _FORK_SOCKET)
+    if len(os.fsencode(path)) >= _SOCKET_PATH_MAX:
+        return  # a long TMPDIR: the processes start their own interpreters
     server = fork_server.start(path, worker_environment(settings))
     _fork_servers.append(server)
     atexit.register(server.stop)
