@@ -24,6 +24,8 @@ from tests.processes import running
 PROBE = '''
 """Reports what it runs as; then exits with its first argument, or sleeps until SIGTERM."""
 import json, os, signal, sys, time
+if sys.argv[1] == "sleep":  # before it reports, so a signal sent after its report finds it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(5))
 print(json.dumps({
     "argv": sys.argv, "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
     "main": sys.modules["__main__"].__spec__.name, "runtime": os.environ.get("SPARK_PROBE"),
@@ -31,7 +33,6 @@ print(json.dumps({
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "sleep":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(5))
     time.sleep(60)
 sys.exit(int(sys.argv[1]))
 '''
@@ -251,6 +252,9 @@ def test_every_python_process_of_a_local_query_is_forked(tmp_path: Path) -> None
         text=True,
         timeout=300,
         cwd=tmp_path,
+        # As a fresh command: not this process's wrapper script, which an earlier session of
+        # this process put in PYSPARK_PYTHON (its fork server would decline, rightly).
+        env={k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Warning" not in done.stderr, done.stderr[-3000:]  # runpy's, for one
