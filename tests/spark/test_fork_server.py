@@ -151,25 +151,19 @@ def server_modules(process: fork_server.ForkServer) -> str:
     return found[0].split(b"=", 1)[1].decode()
 
 
-def test_a_signal_to_the_client_reaches_the_child_and_ends_both_alike(
-    server: Server,
-) -> None:
+@pytest.mark.parametrize("ending", ["terminated", "killed"])
+def test_the_child_ends_with_its_client(server: Server, ending: str) -> None:
+    """Spark's SIGTERM to the client reaches the child, whose exit is then the client's; a
+    SIGKILLed client (nothing to relay) has the server terminate its child."""
     _process, sock, env = server
     with _client(sock, env, "-m", "probe", "sleep") as client:
         child = _started(client)
-        client.send_signal(signal.SIGTERM)
-        assert client.wait(30) == 5  # the child's handler answered it, its exit is the client's
-    assert not running(child)
-
-
-def test_a_killed_client_takes_its_child_along(
-    server: Server,
-) -> None:
-    _process, sock, env = server
-    with _client(sock, env, "-m", "probe", "sleep") as client:
-        child = _started(client)
-        client.kill()
-    _wait(lambda: not running(child), 10, "the child of a killed client to end")
+        if ending == "terminated":
+            client.send_signal(signal.SIGTERM)
+            assert client.wait(30) == 5  # the child's handler answered it
+        else:
+            client.kill()
+    _wait(lambda: not running(child), 10, "the child to end")
 
 
 def test_the_server_stops_taking_requests_when_its_driver_goes_and_outlives_its_children(
