@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from pgcdc.spark import fork_client, fork_server
-from tests.processes import running
 
 PROBE = '''
 """Reports what it runs as; then exits with its first argument, or sleeps until SIGTERM."""
@@ -155,7 +154,7 @@ def server_modules(process: fork_server.ForkServer) -> str:
 def test_the_child_ends_with_its_client(server: Server, ending: str) -> None:
     """Spark's SIGTERM to the client reaches the child, whose exit is then the client's; a
     SIGKILLed client (nothing to relay) has the server terminate its child."""
-    _process, sock, env = server
+    process, sock, env = server
     with _client(sock, env, "-m", "probe", "sleep") as client:
         child = _started(client)
         if ending == "terminated":
@@ -163,7 +162,10 @@ def test_the_child_ends_with_its_client(server: Server, ending: str) -> None:
             assert client.wait(30) == 5  # the child's handler answered it
         else:
             client.kill()
-    _wait(lambda: not running(child), 10, "the child to end")
+    _wait(lambda: not Path(f"/proc/{child}").exists(), 10, "the server to reap the child")
+    after = _client(sock, env, "-m", "probe", "0")  # the server serves on
+    out, _err = after.communicate("z\n", timeout=60)
+    assert after.returncode == 0 and json.loads(out)["ppid"] == process.pid
 
 
 def test_the_server_stops_taking_requests_when_its_driver_goes_and_outlives_its_children(

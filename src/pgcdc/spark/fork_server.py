@@ -199,7 +199,8 @@ class _Server:
                 return
             conn = self.children.pop(pid, None)
             if conn is not None:
-                self.selector.unregister(conn)
+                with contextlib.suppress(KeyError):  # not when its client went first
+                    self.selector.unregister(conn)
                 with contextlib.suppress(OSError):
                     conn.sendall(fork_client.reply(fork_client.ENDED, status))
                 conn.close()
