@@ -104,8 +104,14 @@ def test_a_child_is_the_process_python_would_have_been(
     server: Server,
 ) -> None:
     process, sock, env = server
-    # SPARK_*: set by Spark per process; PWD: kept by the wrapper script's shell.
-    runtime = {"SPARK_PROBE": "per process", "PWD": "/elsewhere"}
+    # SPARK_*: set by Spark per process; PWD: kept by the wrapper script's shell; an Arrow
+    # allocator; the same path with an entry repeated (as Spark gives the data source lookup).
+    runtime = {
+        "SPARK_PROBE": "per process",
+        "PWD": "/elsewhere",
+        "ARROW_DEFAULT_MEMORY_POOL": "jemalloc",
+        "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], "", env["PYTHONPATH"]]),
+    }
     client = _client(sock, {**env, **runtime}, "-m", "probe", "7")
     out, err = client.communicate("hello\n", timeout=60)
     assert client.returncode == 7, err
@@ -186,8 +192,8 @@ def test_the_server_stops_taking_requests_when_its_driver_goes_and_outlives_its_
 
 
 def test_every_python_process_of_a_local_query_is_forked(tmp_path: Path) -> None:
-    """In a fresh driver: the data source's creation, read planning, the streaming source
-    runner and the workers' daemon all come from the fork server."""
+    """In a fresh driver: the data source lookup, its creation, read planning, the streaming
+    source runner and the workers' daemon all come from the fork server."""
     program = textwrap.dedent(
         """
         import json, os, sys, time
@@ -236,8 +242,18 @@ def test_every_python_process_of_a_local_query_is_forked(tmp_path: Path) -> None
         frame = spark.readStream.format("probe").option("o", "1").load()
         query = frame.writeStream.foreachBatch(lambda df, _: seen.extend(df.collect())).start()
         query.processAllAvailable()
+        jvm = spark.sparkContext._gateway.proc.pid
+        spark_pythons = []  # the JVM's Python processes: what Spark started and talks to
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and parent(int(pid)) == jvm:
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        spark_pythons.append(cmdline.read().decode().split("\\0"))
+            except OSError:
+                pass
         query.stop()
-        print(json.dumps({"columns": frame.columns, "rows": [list(r) for r in seen]}))
+        print(json.dumps({"columns": frame.columns, "rows": [list(r) for r in seen],
+                          "spark_pythons": spark_pythons}))
         spark.stop()
         """
     )
@@ -256,4 +272,9 @@ def test_every_python_process_of_a_local_query_is_forked(tmp_path: Path) -> None
     assert "Warning" not in done.stderr, done.stderr[-3000:]  # runpy's, for one
     shown = json.loads(done.stdout.strip().splitlines()[-1])
     assert "created_true" in shown["columns"], shown
+    # The session's data source lookup too (PYSPARK_DRIVER_PYTHON), at session start.
+    clients = [c for c in shown["spark_pythons"] if fork_client.__file__ in c]
+    assert clients == shown["spark_pythons"], shown
+    modules = {[arg for arg in c if arg][-1] for c in clients}  # cmdline ends with a NUL
+    assert "pyspark.sql.worker.lookup_data_sources" in modules, shown
     assert shown["rows"] == [[True, True, 0]], shown

@@ -48,23 +48,30 @@ PRELOADED = (
 )
 # Environment variables Spark sets per process, read by pyspark as it runs, not as it imports:
 # a request may differ from the server in these, and its child takes the request's values.
-# OMP_NUM_THREADS (set for task workers only) sizes thread pools: a child keeps the server's.
-# The wrapper script's shell keeps its own PWD (and, where /bin/sh is bash, SHLVL and _).
+# OMP_NUM_THREADS (set for task workers only) sizes thread pools and ARROW_DEFAULT_MEMORY_POOL
+# (``spark.executorEnv``, not given to the data source lookup at session start) picks an
+# allocator: a child keeps the server's. The wrapper script's shell keeps its own PWD (and,
+# where /bin/sh is bash, SHLVL and _).
 RUNTIME_PREFIXES = (b"SPARK_", b"PYSPARK_", b"_PYSPARK_", b"PYTHON_WORKER_FACTORY_",
                     b"PYTHON_UDF_", b"PYTHON_DAEMON_")  # fmt: skip
-RUNTIME_VARIABLES = frozenset({b"OMP_NUM_THREADS", b"PWD", b"OLDPWD", b"SHLVL", b"_"})
+RUNTIME_VARIABLES = frozenset(
+    {b"OMP_NUM_THREADS", b"ARROW_DEFAULT_MEMORY_POOL", b"PWD", b"OLDPWD", b"SHLVL", b"_"}
+)
 _REQUEST_TIMEOUT = 5.0  # seconds a connected client may take to send its request
 
 
 def comparable(env: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
-    """``env`` without the per-process variables; an empty ``PYTHONPATH`` as an absent one."""
+    """``env`` without the per-process variables, and ``PYTHONPATH`` as the path it makes:
+    without empty entries and repeats (Spark repeats its own entries for the data source
+    lookup), absent when nothing is left."""
     kept = {
         name: value
         for name, value in env.items()
         if name not in RUNTIME_VARIABLES and not name.startswith(RUNTIME_PREFIXES)
     }
-    if not kept.get(b"PYTHONPATH", b"x"):
-        del kept[b"PYTHONPATH"]
+    entries = dict.fromkeys(e for e in kept.pop(b"PYTHONPATH", b"").split(b":") if e)
+    if entries:
+        kept[b"PYTHONPATH"] = b":".join(entries)
     return kept
 
 

@@ -98,20 +98,24 @@ def worker_python() -> str:
     return str(script)
 
 
-_chosen: list[str] = []  # the PYSPARK_PYTHON values this process set (never the user's)
+_chosen: list[str] = []  # the values this process set (never the user's)
+# Spark's Python processes for tasks and planning, and the data source lookup at session start.
+_PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 
 
 def choose_python(local: bool) -> None:
-    """Set ``PYSPARK_PYTHON`` for the next session: the wrapper for a local one, this
-    interpreter for a cluster, whose workers may not have the wrapper's temporary file. A value
-    the user set is kept; one this process set for an earlier session is replaced, so a local
-    session's wrapper never reaches a later cluster session's executors."""
-    current = os.environ.get("PYSPARK_PYTHON")
-    if current is not None and current not in _chosen:
-        return
+    """Set ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` for the next session: the wrapper
+    for a local one, this interpreter for a cluster, whose workers may not have the wrapper's
+    temporary file. A value the user set is kept; one this process set for an earlier session
+    is replaced, so a local session's wrapper never reaches a later cluster session's
+    executors."""
     wanted = worker_python() if local else sys.executable
-    os.environ["PYSPARK_PYTHON"] = wanted
-    _chosen.append(wanted)
+    for name in _PYTHON_VARIABLES:
+        current = os.environ.get(name)
+        if current is not None and current not in _chosen:
+            continue
+        os.environ[name] = wanted
+        _chosen.append(wanted)
 
 
 _fork_servers: list[fork_server.ForkServer] = []

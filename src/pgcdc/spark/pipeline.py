@@ -18,8 +18,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -207,7 +205,6 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python.choose_python``) unless the user set it."""
     local = master.startswith("local")
     choose_python(local)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)
