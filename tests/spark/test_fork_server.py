@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pgcdc.spark import fork_client, fork_server
+from pgcdc.spark.local_python import PYTHON_VARIABLES
 
 PROBE = '''
 """Reports what it runs as; then exits with its first argument, or sleeps until SIGTERM."""
@@ -265,8 +266,8 @@ def test_every_python_process_of_a_local_query_is_forked(tmp_path: Path) -> None
         timeout=300,
         cwd=tmp_path,
         # As a fresh command: not this process's wrapper script, which an earlier session of
-        # this process put in PYSPARK_PYTHON (its fork server would decline, rightly).
-        env={k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"},
+        # this process put in both variables (its fork server would decline, rightly).
+        env={k: v for k, v in os.environ.items() if k not in PYTHON_VARIABLES},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Warning" not in done.stderr, done.stderr[-3000:]  # runpy's, for one

@@ -100,7 +100,7 @@ def worker_python() -> str:
 
 _chosen: list[str] = []  # the values this process set (never the user's)
 # Spark's Python processes for tasks and planning, and the data source lookup at session start.
-_PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+PYTHON_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
 
 
 def choose_python(local: bool) -> None:
@@ -110,7 +110,7 @@ def choose_python(local: bool) -> None:
     is replaced, so a local session's wrapper never reaches a later cluster session's
     executors."""
     wanted = worker_python() if local else sys.executable
-    for name in _PYTHON_VARIABLES:
+    for name in PYTHON_VARIABLES:
         current = os.environ.get(name)
         if current is not None and current not in _chosen:
             continue
