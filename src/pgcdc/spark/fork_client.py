@@ -82,12 +82,12 @@ def _ask(path: str, python: str, args: list[str]) -> tuple[socket.socket, int] |
 
 
 def _exit_as(status: int) -> None:
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        signal.signal(number, signal.SIG_DFL)
-        os.kill(os.getpid(), number)
-        os._exit(128 + number)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+    code = os.waitstatus_to_exitcode(status)  # -N: ended by signal N
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
 
 
 def _wait(sock: socket.socket, pid: int) -> None:

@@ -108,9 +108,9 @@ def _receive(conn: socket.socket) -> Request | None:
     fds: list[int] = []
     try:
         head, fds, _flags, _address = socket.recv_fds(conn, 4, len(fork_client.STREAMS))
-        size = int.from_bytes(head, "big")
-        body = fork_client.receive_exactly(conn, size)
-        if len(head) != 4 or len(body) != size:
+        size = int.from_bytes(head, "big") if len(head) == 4 else -1
+        body = fork_client.receive_exactly(conn, size) if size >= 0 else b""
+        if len(body) != size:
             raise ConnectionError("the client sent a short request")
         python, cwd, args, env = fork_client.decode_request(body)
         return Request(python, cwd, args, env, list(fds))

@@ -149,7 +149,7 @@ def worker_environment(settings: Mapping[str, str]) -> dict[str, str]:
     kept = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry not in zips]
     # Spark's PYTHONPATH: its zips, the jar of spark-core (for deployments that ship pyspark in
     # it), then the JVM's own PYTHONPATH.
-    env["PYTHONPATH"] = os.pathsep.join([*_spark_core_jars(), *filter(None, kept)])
+    env["PYTHONPATH"] = os.pathsep.join([*_spark_core_jars(), *kept])
     env["PYTHONHASHSEED"] = env.get("PYTHONHASHSEED", "0")  # pyspark's SparkContext sets it so
     env["PYTHONUNBUFFERED"] = "YES"  # as Spark's PythonWorkerFactory sets it
     env.setdefault("OMP_NUM_THREADS", "1")  # as Spark sets it for a task's worker

@@ -200,9 +200,11 @@ def spark_session(master: str = "local[*]", app_name: str = "pgcdc", **conf: str
     as the initial snapshot's tasks build large columns one after the other) and, for a local
     master, a driver JVM that compiles only with C1 (the C2 compiler spent seconds of CPU per
     run on code that mostly copies bytes, CPU the receiver needs) and maps the class archive
-    when there is one (``pgcdc.spark.class_archive``). A local
-    session's other Python processes (planning, the streaming source) skip the zip too, through
-    ``PYSPARK_PYTHON`` (``pgcdc.spark.local_python.choose_python``) unless the user set it."""
+    when there is one (``pgcdc.spark.class_archive``). A local session's other Python processes
+    (data source lookup, planning, the streaming source) skip the zip too, through
+    ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` (``pgcdc.spark.local_python.choose_python``)
+    unless the user set them, and are forked from a fork server that imported pyspark and pgcdc
+    as the JVM started (``pgcdc.spark.local_python.start_fork_server``)."""
     local = master.startswith("local")
     choose_python(local)
     from pyspark.sql import SparkSession
