@@ -28,6 +28,7 @@ from pgcdc.sinks.delta import (
     prepare,
 )
 from pgcdc.sinks.parquet import writer_properties
+from pgcdc.sinks.read import partition_values
 from pgcdc.sinks.schema import delta_schema
 from tests.parquet import dictionary_columns
 
@@ -102,6 +103,34 @@ def test_insert_update_delete_across_batches(sink: DeltaSink) -> None:
     changelog = read_table(sink.path(src.spec, SinkKind.CHANGELOG))
     assert changelog.num_rows == 9
     assert changelog.column("_op").to_pylist().count("delete") == 2
+
+
+def test_history_merges_never_rewrite_closed_versions(sink: DeltaSink) -> None:
+    """History is partitioned by ``_is_current``: a batch's MERGE closes current versions,
+    so it copies (rewrites) current rows only, one per key at most, and the closed versions'
+    files, once written, stay (unpartitioned, every MERGE copied the whole history again)."""
+    src = Source(items_spec())
+    for i in range(50):
+        src.insert(id=i, name=f"n{i}", body="b", qty=0)
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    path = sink.path(src.spec, SinkKind.HISTORY)
+    kept: set[str] = set()
+    for batch in range(2, 7):
+        for i in range(0, 50, 3):
+            src.update((i,), qty=batch)
+        src.commit()
+        sink.write_batch(batch, [(src.spec, src.take())])
+        check_all(sink, src)
+        table = DeltaTable(path)
+        merge = table.history(1)[0]
+        assert merge["operation"] == "MERGE"
+        assert merge["operationMetrics"]["num_target_rows_copied"] <= 50 - 17
+        files = dict(zip(table.file_uris(), partition_values(table), strict=True))
+        assert kept <= files.keys()
+        kept = {uri for uri, values in files.items() if values.get("_is_current") is False}
+    assert kept
+    assert read_table(path).filter(~pc.field("_is_current")).num_rows == 5 * 17
 
 
 def test_key_change_moves_the_row(sink: DeltaSink) -> None:

@@ -50,3 +50,25 @@ def test_to_spark_reads_the_current_snapshot(spark: Any, tmp_path: Path) -> None
     assert rows == expected
     arrow = read_table(path).select(ITEMS_SCHEMA.names).to_pylist()
     assert sorted(tuple(r.values()) for r in arrow) == expected
+
+
+def test_to_spark_reads_a_history_table_partitioned_by_is_current(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The partition column is in no data file: both readers take it from the Delta log."""
+    sink = DeltaSink(tmp_path, app_id="spark", kinds=(SinkKind.HISTORY,))
+    src = Source(items_spec())
+    for i in range(3):
+        src.insert(id=i, name=f"n{i}", body="b", qty=i)
+    src.commit()
+    sink.write_batch(1, [(src.spec, src.take())])
+    src.update((1,), qty=100)
+    src.commit()
+    sink.write_batch(2, [(src.spec, src.take())])
+    path = sink.path(src.spec, SinkKind.HISTORY)
+    frame = to_spark(spark, path)
+    rows = sorted((r["id"], r["qty"], r["_is_current"]) for r in frame.collect())
+    assert rows == [(0, 0, True), (1, 1, False), (1, 100, True), (2, 2, True)]
+    assert frame.columns == read_table(path).column_names
+    arrow = read_table(path).select(["id", "qty", "_is_current"]).to_pylist()
+    assert sorted(tuple(r.values()) for r in arrow) == rows

@@ -226,7 +226,10 @@ def test_a_chunk_numbered_past_what_a_uint32_counts_lands_its_seq(tmp_path: Path
     for kind in kinds:
         path = str(tmp_path / kind.value)
         delta = ensure_table(path, kind, dspec, None)
-        adds = stage(path, built[kind], table_schema(delta), StorageOptions())
+        partition_by = delta.metadata().partition_columns
+        adds = stage(
+            path, built[kind], table_schema(delta), StorageOptions(), partition_by=partition_by
+        )
         commit(path, adds, replace=False, app_id="a", version=1, storage=StorageOptions())
     landed = read_table(tmp_path / "changelog").sort_by("id")
     assert landed["_seq"].to_pylist() == [first, first + 1]
@@ -262,8 +265,8 @@ def test_a_chunk_holds_a_changed_key_when_its_staged_rows_do(tmp_path: Path) -> 
     rows = pa.table({"id": pa.array(range(1000), pa.int64()), "_pgcdc_key": keys})
     path = str(tmp_path / "mirror")
     write_deltalake(path, rows.slice(0, 0))
-    mirror = _Target(SinkKind.MIRROR, path, rows.schema)
-    record = {"adds": {"mirror": stage(path, rows, rows.schema, StorageOptions())}}
+    mirror = _Target(SinkKind.MIRROR, path, rows.schema, ())
+    record = {"adds": {"mirror": stage(path, rows, rows.schema, StorageOptions(), partition_by=())}}
     job = _job(mirror)
 
     def holds(*changed: bytes, job: _CopyJob = job) -> bool:
@@ -271,7 +274,7 @@ def test_a_chunk_holds_a_changed_key_when_its_staged_rows_do(tmp_path: Path) -> 
 
     assert holds(b"V3:500") and holds(b"V1:7", b"V4:5000")
     assert not holds(b"V4:5000") and not holds(b"V3:5000", b"V2:5")
-    changelog = _Target(SinkKind.CHANGELOG, str(tmp_path / "changelog"), rows.schema)
+    changelog = _Target(SinkKind.CHANGELOG, str(tmp_path / "changelog"), rows.schema, ())
     assert holds(b"V4:5000", job=_job(changelog))  # no key column to read: the range decides
     [add] = record["adds"]["mirror"]
     staged = Path(path, add["path"])
@@ -289,9 +292,10 @@ def test_a_recorded_chunk_is_unusable_without_its_files_as_staged_or_a_kind_now_
     for kind in (SinkKind.MIRROR, SinkKind.HISTORY):
         path = str(tmp_path / kind.value)
         write_deltalake(path, rows.slice(0, 0))
-        targets[kind] = _Target(kind, path, rows.schema)
+        targets[kind] = _Target(kind, path, rows.schema, ())
     adds = {
-        kind.value: stage(t.path, rows, t.schema, StorageOptions()) for kind, t in targets.items()
+        kind.value: stage(t.path, rows, t.schema, StorageOptions(), partition_by=t.partition_by)
+        for kind, t in targets.items()
     }
     job = _job(*targets.values())
     record = {"adds": adds, "first_page": 0, "end_page": 10}
@@ -324,7 +328,7 @@ def test_staged_files_take_a_dictionary_where_values_repeat(tmp_path: Path) -> N
     )
     path = str(tmp_path / "t")
     write_deltalake(path, rows.slice(0, 0))
-    [add] = stage(path, rows, rows.schema, StorageOptions())
+    [add] = stage(path, rows, rows.schema, StorageOptions(), partition_by=())
     dictionary = dictionary_columns(f"{path}/{add['path']}")
     assert dictionary == {"status", "balance", "note", "tags.list.item"}, dictionary
     assert pq.read_table(f"{path}/{add['path']}").equals(rows)

@@ -107,6 +107,11 @@ _ACTION = "__pgcdc_action"
 # In a history MERGE's source, the identity of the version a row closes; null on the rows that
 # insert versions, so that they match nothing (see ``_write_history``).
 _CLOSES = "__pgcdc_closes_"
+# A history table is partitioned by ``_is_current``: a batch's MERGE closes current versions
+# only, so it rewrites files of the current partition (one row per key), never the closed
+# versions, which only grow; unpartitioned, every MERGE copied the whole history again. Tables
+# made before this layout stay unpartitioned (the same statements work on both).
+_PARTITION_BY: dict[SinkKind, tuple[str, ...]] = {SinkKind.HISTORY: (IS_CURRENT,)}
 
 
 @dataclass(frozen=True)
@@ -271,15 +276,24 @@ def _ensure(
     spec: c.TableSpec,
     storage_options: dict[str, str] | None,
     table: DeltaTable | None,
+    *,
+    partition_by: Sequence[str] = (),
 ) -> tuple[DeltaTable, pa.Schema]:
-    """Create the table, or evolve it so ``wanted`` columns fit; return it and its schema.
+    """Create the table (partitioned by ``partition_by``), or evolve it so ``wanted`` columns
+    fit; return it and its schema.
 
     ``table``: the table at ``path`` as the caller just opened it (None: there was none), so
     a write loads the table's log once, not once per step (a fixed cost of every table, kind
     and batch that small transactions across many tables pay on few rows)."""
     if table is None:
         nullable = pa.schema([pa.field(f.name, f.type) for f in wanted])
-        table = DeltaTable.create(path, nullable, mode="ignore", storage_options=storage_options)
+        table = DeltaTable.create(
+            path,
+            nullable,
+            mode="ignore",
+            partition_by=list(partition_by) or None,
+            storage_options=storage_options,
+        )
         return table, table_schema(table)
     existing = table_schema(table)
     target = evolve(existing, wanted, spec.qualified_name, spec.relation_lsn)
@@ -297,7 +311,7 @@ def _ensure(
     else:
         log.warning("%s: widening %s rewrites the table", path, widened)
         data = align(dataset(table, storage_options).to_table(), target)
-        write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
+        _overwrite(table, data)
     table = DeltaTable(path, storage_options=storage_options)
     return table, table_schema(table)
 
@@ -364,8 +378,16 @@ def fill_added_columns(
         filled = pc.if_else(rows, pa.scalar(value, target.field(name).type), data.column(name))
         data = data.set_column(index, target.field(name), filled)
     log.info("%s: adding columns %s with existing rows' values", spec.qualified_name, added)
-    write_deltalake(table, data, mode="overwrite", schema_mode="overwrite")
+    _overwrite(table, data)
     return True
+
+
+def _overwrite(table: DeltaTable, data: pa.Table) -> None:
+    """Replace the table's rows and schema with ``data``, in the table's partitioning."""
+    partition_by = list(table.metadata().partition_columns) or None
+    write_deltalake(
+        table, data, mode="overwrite", schema_mode="overwrite", partition_by=partition_by
+    )
 
 
 def _missing_value(spec: c.TableSpec, column: Column, delta_type: pa.DataType) -> Any:
@@ -797,7 +819,14 @@ def _write_history(
     *,
     opened: DeltaTable | None,
 ) -> None:
-    table, schema = _ensure(path, _history_schema(dspec), dspec, so, opened)
+    table, schema = _ensure(
+        path,
+        _history_schema(dspec),
+        dspec,
+        so,
+        opened,
+        partition_by=_PARTITION_BY[SinkKind.HISTORY],
+    )
     changes = _number_copies(dspec, table, changes, current_only=True)
     folded = fold_history(dspec, changes)
     truncate_row: int | None = None
@@ -952,7 +981,12 @@ def ensure_table(
 ) -> DeltaTable:
     """The Delta table of ``kind`` at ``path``, created (or evolved) for ``dspec``."""
     table, _ = _ensure(
-        path, _SCHEMAS[kind](dspec), dspec, storage_options, _open(path, storage_options)
+        path,
+        _SCHEMAS[kind](dspec),
+        dspec,
+        storage_options,
+        _open(path, storage_options),
+        partition_by=_PARTITION_BY.get(kind, ()),
     )
     return table
 
@@ -1017,7 +1051,14 @@ def _write_table(
         if existing is None:
             # The table exists, empty, once the sink was given it: readers find it, in its schema.
             dspec, _ = prepared()
-            _ensure(path, _SCHEMAS[kind](dspec), dspec, storage_options, None)
+            _ensure(
+                path,
+                _SCHEMAS[kind](dspec),
+                dspec,
+                storage_options,
+                None,
+                partition_by=_PARTITION_BY.get(kind, ()),
+            )
         return WriteResult(spec.qualified_name, kind, path, False, 0)
     if existing is not None and kind is not SinkKind.CHANGELOG:
         _check_keyed(path, spec, existing)

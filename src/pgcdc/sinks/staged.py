@@ -35,11 +35,13 @@ def stage(
     rows: pa.Table,
     schema: pa.Schema,
     storage: StorageOptions,
+    *,
+    partition_by: Sequence[str],
 ) -> list[dict[str, Any]]:
     """Write ``rows`` (aligned to the target's ``schema``) as data files of the Delta table at
-    ``table_path`` without committing them; returns their add actions (the Delta log's
-    ``add`` objects). Each call writes under a name of its own, so a retried task never meets an
-    earlier attempt's files."""
+    ``table_path``, partitioned as it is (``partition_by``), without committing them; returns
+    their add actions (the Delta log's ``add`` objects, with their partition values). Each call
+    writes under a name of its own, so a retried task never meets an earlier attempt's files."""
     if rows.num_rows == 0:
         return []
     name = uuid.uuid4().hex
@@ -50,6 +52,7 @@ def stage(
         staging,
         aligned,
         mode="error",
+        partition_by=list(partition_by) or None,
         storage_options=storage.delta(),
         writer_properties=writer_properties(aligned),
     )
@@ -78,6 +81,15 @@ def commit(
     """Add ``adds`` (from ``stage``) to the table in one commit recording (``app_id``,
     ``version``); ``replace``: the commit also removes every file the table held."""
     table = DeltaTable(table_path, storage_options=storage.delta())
+    partition_by = list(table.metadata().partition_columns)
+    for add in adds:
+        # A file without its partition values would read back null there (delta-rs takes it).
+        if sorted(add.get("partitionValues") or {}) != sorted(partition_by):
+            raise SinkError(
+                f"{table_path}: staged file {add['path']} has partition values "
+                f"{add.get('partitionValues')} but the table is partitioned by {partition_by}; "
+                "report this as a bug"
+            )
     actions: list[AddAction | RemoveAction] = [
         AddAction(
             path=add["path"],
@@ -93,6 +105,7 @@ def commit(
         actions,
         mode="overwrite" if replace else "append",
         schema=table.schema(),
+        partition_by=partition_by or None,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
     )
 

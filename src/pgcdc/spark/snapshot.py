@@ -109,6 +109,7 @@ class _Target:
     kind: SinkKind
     path: str
     schema: pa.Schema
+    partition_by: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,13 @@ def _copy(job: _CopyJob, task: _Task) -> _Copied:
     targets = job.targets[table.qualified_name]
     built = initial_rows([target.kind for target in targets], dspec, prepared)
     adds = {
-        target.kind: stage(target.path, built[target.kind], target.schema, job.storage)
+        target.kind: stage(
+            target.path,
+            built[target.kind],
+            target.schema,
+            job.storage,
+            partition_by=target.partition_by,
+        )
         for target in targets
     }
     copied = _Copied(table.qualified_name, typed.num_rows, read, adds)
@@ -879,7 +886,8 @@ def _targets(
         if resume_from is not None and landed_at is not None and landed_at >= resume_from:
             continue
         replaces[(table.qualified_name, kind)] = _replaces(delta, path, config.app_id)
-        targets.append(_Target(kind, path, table_schema(delta)))
+        partition_by = tuple(delta.metadata().partition_columns)
+        targets.append(_Target(kind, path, table_schema(delta), partition_by))
     return tuple(targets), keys.counts_copies(spec)
 
 
