@@ -26,6 +26,7 @@ from pgcdc.sinks.delta import (
     fold_mirror,
     initial_rows,
     prepare,
+    table_schema,
 )
 from pgcdc.sinks.parquet import writer_properties
 from pgcdc.sinks.read import partition_values
@@ -131,6 +132,37 @@ def test_history_merges_never_rewrite_closed_versions(sink: DeltaSink) -> None:
         kept = {uri for uri, values in files.items() if values.get("_is_current") is False}
     assert kept
     assert read_table(path).filter(~pc.field("_is_current")).num_rows == 5 * 17
+
+
+def test_a_history_table_made_before_partitioning_is_written_as_before(tmp_path: Path) -> None:
+    """A lake from a pgcdc before the partitioned layout: its unpartitioned history table is
+    continued as it is, with the same rows."""
+    probe, src = DeltaSink(tmp_path / "probe", app_id="probe", kinds=ALL), Source(items_spec())
+    src.insert(id=1, name="a", body="x", qty=1)
+    src.commit()
+    probe.write_batch(1, [(src.spec, src.take())])
+    schema = table_schema(DeltaTable(probe.path(src.spec, SinkKind.HISTORY)))
+    old = DeltaSink(tmp_path / "old", app_id="test-app", kinds=ALL)
+    new = DeltaSink(tmp_path / "new", app_id="test-app", kinds=ALL)
+    path = old.path(src.spec, SinkKind.HISTORY)
+    DeltaTable.create(path, schema)  # as pgcdc made it before: unpartitioned
+    src = Source(items_spec())
+    for batch in range(1, 4):
+        src.insert(id=batch, name=f"n{batch}", body="b", qty=batch)
+        src.update((1,), qty=10 * batch)
+        src.commit()
+        changes = src.take()
+        old.write_batch(batch, [(src.spec, changes)])
+        new.write_batch(batch, [(src.spec, changes)])
+        check_all(old, src)
+    assert DeltaTable(path).metadata().partition_columns == []
+    assert DeltaTable(new.path(src.spec, SinkKind.HISTORY)).metadata().partition_columns == [
+        "_is_current"
+    ]
+    columns = [*ITEMS_SCHEMA.names, "_valid_from_lsn", "_valid_to_lsn", "_is_current"]
+    assert _sorted(read_table(path).select(columns).to_pylist()) == _sorted(
+        read_table(new.path(src.spec, SinkKind.HISTORY)).select(columns).to_pylist()
+    )
 
 
 def test_key_change_moves_the_row(sink: DeltaSink) -> None:
