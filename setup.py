@@ -29,8 +29,11 @@ def _extensions() -> list[object]:
         return []
     from mypyc.build import mypycify
 
-    # mypy sees the sources alone: in an isolated build pgcdc's dependencies are not installed,
-    # and what it cannot see it takes as Any (slower there, never wrong).
+    # mypy sees the sources and the build's own requirements: in an isolated build pgcdc's other
+    # dependencies are not installed, and what it cannot see it takes as Any (slower there,
+    # never wrong). numpy is a build requirement: the modules mypy follows into (the columnar
+    # decoders) name numpy array types as aliases, which without numpy are not types at all and
+    # fail the build (a fresh environment without numpy installed failed so).
     options = ["--config-file=", "--ignore-missing-imports", "--python-version=3.11"]
     sources = [f"src/{module.replace('.', '/')}.py" for module in _compiled_modules()]
     return list(mypycify([*options, *sources], opt_level="3", group_name="pgcdc_native"))
