@@ -120,3 +120,17 @@ def test_stop_timeout_is_seconds_zero_or_more(tmp_path: Path, value: str) -> Non
         pipeline.load(config, {})
     config.write_text('[source]\nconninfo = "dbname=x"\n[spark]\nstop_timeout = 0\n')
     assert pipeline.load(config, {}).stop_timeout == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "1", "2.5", "true", '"200"'])
+def test_compact_files_is_a_count_of_two_or_more_or_zero(tmp_path: Path, value: str) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f'[source]\nconninfo = "dbname=x"\n[delta]\ncompact_files = {value}\n')
+    with pytest.raises(InvalidOption, match="compact_files"):
+        pipeline.load(config, {})
+    config.write_text('[source]\nconninfo = "dbname=x"\n')
+    assert pipeline.load(config, {}).compact_files == 200
+    for count in (0, 50):
+        config.write_text(f'[source]\nconninfo = "dbname=x"\n[delta]\ncompact_files = {count}\n')
+        settings = pipeline.load(config, {})
+        assert settings.pipeline().compact_files == count

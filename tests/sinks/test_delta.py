@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +16,16 @@ from hypothesis import strategies as st
 
 from pgcdc.errors import InvalidChangeBatch, UnresolvedToastError
 from pgcdc.events import ReplicaIdentity
+from pgcdc.lsn import LSN
 from pgcdc.sinks import DeltaSink, SinkKind, read_table, write_table
-from pgcdc.sinks.changes import TableSpec
+from pgcdc.sinks.changes import TableSpec, change_schema
 from pgcdc.sinks.delta import (
     LSN_INFINITY,
     _history_rows,
     _mirror_rows,
     _number_copies,
     _rows,
+    compact_if_fragmented,
     fold_history,
     fold_mirror,
     initial_rows,
@@ -36,6 +40,7 @@ from tests.parquet import dictionary_columns
 from .model import ITEMS_SCHEMA, Source, items_spec, state_at
 
 ALL = (SinkKind.CHANGELOG, SinkKind.MIRROR, SinkKind.HISTORY)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -163,6 +168,86 @@ def test_a_history_table_made_before_partitioning_is_written_as_before(tmp_path:
     assert _sorted(read_table(path).select(columns).to_pylist()) == _sorted(
         read_table(new.path(src.spec, SinkKind.HISTORY)).select(columns).to_pylist()
     )
+
+
+def test_tables_of_many_small_files_are_compacted_keeping_rows_and_batch_versions(
+    tmp_path: Path,
+) -> None:
+    """Each batch adds files; past ``compact_files`` small ones a table is compacted (OPTIMIZE),
+    with the same rows, and a replayed batch is still told apart."""
+    sink = DeltaSink(tmp_path, app_id="test-app", kinds=ALL, compact_files=4)
+    src = Source(items_spec())
+    most = dict.fromkeys(ALL, 0)
+    for batch in range(1, 10):
+        src.insert(id=batch, name=f"n{batch}", body="b", qty=batch)
+        src.update((1,), qty=10 * batch)
+        src.commit()
+        changes = src.take()
+        sink.write_batch(batch, [(src.spec, changes)])
+        check_all(sink, src)
+        for kind in ALL:
+            most[kind] = max(most[kind], len(DeltaTable(sink.path(src.spec, kind)).file_uris()))
+    for kind in (SinkKind.CHANGELOG, SinkKind.HISTORY):
+        history = DeltaTable(sink.path(src.spec, kind)).history()
+        assert "OPTIMIZE" in [h["operation"] for h in history], kind
+    assert all(count <= 4 + 1 for count in most.values()), most
+    assert read_table(sink.path(src.spec, SinkKind.CHANGELOG)).num_rows == 2 * 9
+    replayed = sink.write_batch(9, [(src.spec, changes)])
+    assert replayed and not any(r.applied for r in replayed)
+    check_all(sink, src)
+
+
+def test_compaction_keeps_values_of_every_kind_of_column(tmp_path: Path) -> None:
+    """Compaction rewrites the files: dates before year 1 and timestamps far off, wide decimals,
+    lists, structs and ``_text`` come back as written."""
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("d", pa.date32()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("n", pa.decimal128(38, 10)),
+            ("tags", pa.list_(pa.string())),
+            ("pair", pa.struct([("a", pa.int32()), ("b", pa.string())])),
+        ]
+    )
+    spec = TableSpec("public", "wide", schema, ("id",), LSN(0x100), ReplicaIdentity.DEFAULT)
+    path = str(tmp_path / "changelog")
+    values = [
+        (-800_000, -62_000_000_000_000_000, "-1234567890123456789012345678.0123456789"),
+        (2_900_000, 250_000_000_000_000_000, "0.0000000001"),
+        (0, 0, "-0"),
+    ]
+    for version in range(1, 6):
+        rows = []
+        for i, (days, micros, number) in enumerate(values):
+            rows.append(
+                {
+                    "id": version * 10 + i,
+                    "d": days,
+                    "ts": micros,
+                    "n": Decimal(number),
+                    "tags": [f"t{i}", None],
+                    "pair": {"a": i, "b": None},
+                    "_op": "insert",
+                    "_commit_lsn": version * 100,
+                    "_seq": i,
+                    "_lsn": version * 100 + i,
+                    "_xid": version,
+                    "_commit_time": T0,
+                    "_origin": None,
+                    "_unchanged": [],
+                    "_text": [("d", "x")] if i else None,
+                    "_old": None,
+                }
+            )
+        changes = pa.Table.from_pylist(rows, schema=change_schema(spec))
+        write_table(path, spec, changes, SinkKind.CHANGELOG, app_id="a", version=version)
+    before = read_table(path).sort_by("id")
+    assert compact_if_fragmented(path, 3) is not None
+    table = DeltaTable(path)
+    assert len(table.file_uris()) == 1
+    assert read_table(path).sort_by("id").equals(before)
+    assert table.transaction_version("a") == 5
 
 
 def test_key_change_moves_the_row(sink: DeltaSink) -> None:

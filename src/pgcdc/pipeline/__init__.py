@@ -29,6 +29,9 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     kinds = ["changelog", "mirror", "history"]
     "public.big_events" = ["changelog"]
 
+    [delta]
+    compact_files = 200           # compact a table once it holds this many small files (0: never)
+
     [spark]
     master = "local[*]"
     writes = "auto"               # Delta writes in "executors" or on the "driver" (auto: the
@@ -99,7 +102,7 @@ from pgcdc.receiver import (
     RetryPolicy,
     first_line,
 )
-from pgcdc.sinks.kinds import SinkKind, parse_kinds
+from pgcdc.sinks.kinds import DEFAULT_COMPACT_FILES, SinkKind, parse_kinds
 from pgcdc.snapshot import (
     COPY_FORMATS,
     SnapshotResult,
@@ -183,6 +186,9 @@ class Settings:
     # On a stop, seconds the batch being written may take to finish before it is interrupted
     # (an interrupted batch is replayed on the next start).
     stop_timeout: float = 60.0
+    # Compact a Delta table (small files binned into large ones, no row changed) once it holds
+    # this many files under the target size; 0: never (pgcdc.sinks.delta.compact_if_fragmented).
+    compact_files: int = DEFAULT_COMPACT_FILES
     # How the receiver rides out server faults (restarts, a terminated walsender).
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Seconds of silence on the replication connection before it counts as lost and is
@@ -209,6 +215,7 @@ class Settings:
             max_bytes_per_batch=self.max_bytes_per_batch,
             storage=self.storage,
             writes=self.resolved_writes,
+            compact_files=self.compact_files,
         )
 
     @property
@@ -265,6 +272,7 @@ _KEYS: dict[str, tuple[str, str, type | tuple[type, ...]]] = {
     "spark_conf": ("spark", "conf", dict),
     "writes": ("spark", "writes", str),
     "stop_timeout": ("spark", "stop_timeout", (int, float)),
+    "compact_files": ("delta", "compact_files", int),
 }
 
 
@@ -459,6 +467,11 @@ def _validate(settings: Settings) -> None:
         value = getattr(settings, name)
         if value is not None and value <= 0:
             raise InvalidOption(f"{name} = {value!r}: give a positive integer")
+    if settings.compact_files < 0 or settings.compact_files == 1:
+        raise InvalidOption(
+            f"compact_files = {settings.compact_files!r}: give the number of small files (2 or "
+            "more) a Delta table may hold before it is compacted, or 0 never to compact"
+        )
     for name in ("changelog", "lake", "checkpoint"):
         if "://" in getattr(settings, name):
             continue

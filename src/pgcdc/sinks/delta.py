@@ -77,7 +77,7 @@ from pgcdc.errors import (
 from pgcdc.events import Column, Table
 from pgcdc.sinks import changes as c
 from pgcdc.sinks import keys as k
-from pgcdc.sinks.kinds import SinkKind
+from pgcdc.sinks.kinds import DEFAULT_COMPACT_FILES, SinkKind
 from pgcdc.sinks.parquet import writer_properties
 from pgcdc.sinks.paths import legacy_table_path, table_path
 from pgcdc.sinks.plan import Key, Version, assemble, plan
@@ -112,6 +112,7 @@ _CLOSES = "__pgcdc_closes_"
 # versions, which only grow; unpartitioned, every MERGE copied the whole history again. Tables
 # made before this layout stay unpartitioned (the same statements work on both).
 _PARTITION_BY: dict[SinkKind, tuple[str, ...]] = {SinkKind.HISTORY: (IS_CURRENT,)}
+_TARGET_FILE_BYTES = 100 * 1024 * 1024  # delta-rs's default target size
 
 
 @dataclass(frozen=True)
@@ -1028,9 +1029,11 @@ def _write_table(
     app_id: str,
     version: int,
     storage_options: dict[str, str] | None,
+    compact_files: int = 0,
 ) -> WriteResult:
     """``write_table`` with the batch prepared on demand (a replay or an empty batch never
-    needs it; the kinds of one table share it)."""
+    needs it; the kinds of one table share it); ``compact_files``: see
+    ``compact_if_fragmented`` (0: never)."""
     if kind is not SinkKind.CHANGELOG and not spec.has_usable_key:
         raise InvalidChangeBatch(
             f"{spec.qualified_name} has no usable replica identity, so it cannot have a "
@@ -1065,7 +1068,44 @@ def _write_table(
     dspec, batch = prepared()
     commit = _commit(app_id, version)
     _WRITERS[kind](path, dspec, batch, commit, storage_options, opened=existing)
+    # The files the table held before this write, and the one at least it added: a fresh
+    # look at the table only once they may reach the threshold.
+    if compact_files and existing is not None and len(existing.file_uris()) + 1 >= compact_files:
+        compact_if_fragmented(path, compact_files, storage_options)
     return WriteResult(spec.qualified_name, kind, path, True, batch.num_rows)
+
+
+def compact_if_fragmented(
+    path: str, files: int, storage_options: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """Compact the table at ``path`` when it holds ``files`` or more files under the target
+    size; returns delta-rs's metrics, or None when it did not. A failure is logged, not
+    raised: the batch is written, and the table stays as it was (readable, only slower)."""
+    table = DeltaTable(path, storage_options=storage_options)
+    if len(table.file_uris()) < files:
+        return None
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
+    small = pc.sum(pc.less(sizes, _TARGET_FILE_BYTES)).as_py() or 0
+    if small < files:
+        return None
+    try:
+        metrics: dict[str, Any] = table.optimize.compact(target_size=_TARGET_FILE_BYTES)
+    except Exception as exc:  # the table is as it was: warn, go on
+        log.warning(
+            "%s: compacting its %d small files failed (%s); the table keeps them and the "
+            "next batch tries again",
+            path,
+            small,
+            exc,
+        )
+        return None
+    log.info(
+        "%s: %d small files compacted into %d",
+        path,
+        metrics.get("numFilesRemoved", 0),
+        metrics.get("numFilesAdded", 0),
+    )
+    return metrics
 
 
 def _committed_from(
@@ -1110,8 +1150,12 @@ class DeltaSink:
         kinds: Collection[SinkKind] = (SinkKind.CHANGELOG, SinkKind.MIRROR),
         table_kinds: Mapping[str, Collection[SinkKind]] | None = None,
         storage_options: dict[str, str] | None = None,
+        compact_files: int = DEFAULT_COMPACT_FILES,
     ) -> None:
+        """``compact_files``: compact a table once it holds that many small files (0: never;
+        ``DEFAULT_COMPACT_FILES``)."""
         self.root = str(root).rstrip("/")
+        self.compact_files = compact_files
         self.app_id = app_id
         self.kinds = tuple(kinds)
         self.table_kinds = {name: tuple(k) for name, k in (table_kinds or {}).items()}
@@ -1187,6 +1231,7 @@ class DeltaSink:
                         app_id=self.app_id,
                         version=version,
                         storage_options=self.storage_options,
+                        compact_files=self.compact_files,
                     )
                 )
         return results

@@ -31,7 +31,7 @@ import pyarrow as pa
 from pgcdc.decoding.state import table_from_dict
 from pgcdc.errors import CheckpointUnavailable, PipelineQueryError, SinkError
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
-from pgcdc.sinks.kinds import parse_kinds
+from pgcdc.sinks.kinds import DEFAULT_COMPACT_FILES, parse_kinds
 from pgcdc.spark import class_archive
 from pgcdc.spark.local_python import choose_python, start_fork_server
 from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
@@ -62,6 +62,8 @@ class PipelineConfig:
     query_name: str = "pgcdc"
     # "driver" or "executors": where a batch's Delta writes run.
     writes: str = "driver"
+    # Compact a Delta table once it holds this many small files (0: never).
+    compact_files: int = DEFAULT_COMPACT_FILES
 
     @property
     def app_id(self) -> str:
@@ -187,6 +189,7 @@ def make_sink(config: PipelineConfig) -> DeltaSink:
         kinds=config.kinds,
         table_kinds=config.table_kinds,
         storage_options=config.storage.delta(),
+        compact_files=config.compact_files,
     )
 
 
