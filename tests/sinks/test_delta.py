@@ -139,6 +139,14 @@ def test_history_merges_never_rewrite_closed_versions(sink: DeltaSink) -> None:
     assert read_table(path).filter(~pc.field("_is_current")).num_rows == 5 * 17
 
 
+def _new_row_and_row_1_updated(src: Source, batch: int) -> pa.Table:
+    """Batch ``batch``'s changes: row ``batch`` inserted, row 1 updated (inserted by batch 1)."""
+    src.insert(id=batch, name=f"n{batch}", body="b", qty=batch)
+    src.update((1,), qty=10 * batch)
+    src.commit()
+    return src.take()
+
+
 def test_a_history_table_made_before_partitioning_is_written_as_before(tmp_path: Path) -> None:
     """A lake from a pgcdc before the partitioned layout: its unpartitioned history table is
     continued as it is, with the same rows."""
@@ -153,10 +161,7 @@ def test_a_history_table_made_before_partitioning_is_written_as_before(tmp_path:
     DeltaTable.create(path, schema)  # as pgcdc made it before: unpartitioned
     src = Source(items_spec())
     for batch in range(1, 4):
-        src.insert(id=batch, name=f"n{batch}", body="b", qty=batch)
-        src.update((1,), qty=10 * batch)
-        src.commit()
-        changes = src.take()
+        changes = _new_row_and_row_1_updated(src, batch)
         old.write_batch(batch, [(src.spec, changes)])
         new.write_batch(batch, [(src.spec, changes)])
         check_all(old, src)
@@ -179,10 +184,7 @@ def test_tables_of_many_small_files_are_compacted_keeping_rows_and_batch_version
     src = Source(items_spec())
     most = dict.fromkeys(ALL, 0)
     for batch in range(1, 10):
-        src.insert(id=batch, name=f"n{batch}", body="b", qty=batch)
-        src.update((1,), qty=10 * batch)
-        src.commit()
-        changes = src.take()
+        changes = _new_row_and_row_1_updated(src, batch)
         sink.write_batch(batch, [(src.spec, changes)])
         check_all(sink, src)
         for kind in ALL:
