@@ -243,7 +243,9 @@ def test_every_python_process_of_a_local_query_is_forked(tmp_path: Path) -> None
             try:
                 if pid.isdigit() and parent(int(pid)) == jvm:
                     with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                        spark_pythons.append(cmdline.read().decode().split("\\0"))
+                        args = cmdline.read().decode().split("\\0")
+                    if args != [""]:  # not a process that exited and awaits its reaping
+                        spark_pythons.append(args)
             except OSError:
                 pass
         query.stop()
