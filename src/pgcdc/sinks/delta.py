@@ -273,26 +273,25 @@ def table_schema(table: DeltaTable) -> pa.Schema:
 
 def _ensure(
     path: str,
-    wanted: pa.Schema,
+    kind: SinkKind,
     spec: c.TableSpec,
     storage_options: dict[str, str] | None,
     table: DeltaTable | None,
-    *,
-    partition_by: Sequence[str] = (),
 ) -> tuple[DeltaTable, pa.Schema]:
-    """Create the table (partitioned by ``partition_by``), or evolve it so ``wanted`` columns
-    fit; return it and its schema.
+    """Create the ``kind`` table (partitioned as ``_PARTITION_BY`` says), or evolve it so the
+    kind's columns for ``spec`` fit; return it and its schema.
 
     ``table``: the table at ``path`` as the caller just opened it (None: there was none), so
     a write loads the table's log once, not once per step (a fixed cost of every table, kind
     and batch that small transactions across many tables pay on few rows)."""
+    wanted = _SCHEMAS[kind](spec)
     if table is None:
         nullable = pa.schema([pa.field(f.name, f.type) for f in wanted])
         table = DeltaTable.create(
             path,
             nullable,
             mode="ignore",
-            partition_by=list(partition_by) or None,
+            partition_by=list(_PARTITION_BY.get(kind, ())) or None,
             storage_options=storage_options,
         )
         return table, table_schema(table)
@@ -538,7 +537,7 @@ def _write_changelog(
     *,
     opened: DeltaTable | None,
 ) -> None:
-    table, schema = _ensure(path, changelog_schema(dspec), dspec, so, opened)
+    table, schema = _ensure(path, SinkKind.CHANGELOG, dspec, so, opened)
     _append(table, align(changes, schema), commit)
 
 
@@ -720,7 +719,7 @@ def _write_mirror(
     *,
     opened: DeltaTable | None,
 ) -> None:
-    table, schema = _ensure(path, _mirror_schema(dspec), dspec, so, opened)
+    table, schema = _ensure(path, SinkKind.MIRROR, dspec, so, opened)
     changes = _number_copies(dspec, table, changes, current_only=False)
     folded = fold_mirror(dspec, changes)
     truncate_row: int | None = None
@@ -820,14 +819,7 @@ def _write_history(
     *,
     opened: DeltaTable | None,
 ) -> None:
-    table, schema = _ensure(
-        path,
-        _history_schema(dspec),
-        dspec,
-        so,
-        opened,
-        partition_by=_PARTITION_BY[SinkKind.HISTORY],
-    )
+    table, schema = _ensure(path, SinkKind.HISTORY, dspec, so, opened)
     changes = _number_copies(dspec, table, changes, current_only=True)
     folded = fold_history(dspec, changes)
     truncate_row: int | None = None
@@ -981,14 +973,7 @@ def ensure_table(
     path: str, kind: SinkKind, dspec: c.TableSpec, storage_options: dict[str, str] | None
 ) -> DeltaTable:
     """The Delta table of ``kind`` at ``path``, created (or evolved) for ``dspec``."""
-    table, _ = _ensure(
-        path,
-        _SCHEMAS[kind](dspec),
-        dspec,
-        storage_options,
-        _open(path, storage_options),
-        partition_by=_PARTITION_BY.get(kind, ()),
-    )
+    table, _ = _ensure(path, kind, dspec, storage_options, _open(path, storage_options))
     return table
 
 
@@ -1054,14 +1039,7 @@ def _write_table(
         if existing is None:
             # The table exists, empty, once the sink was given it: readers find it, in its schema.
             dspec, _ = prepared()
-            _ensure(
-                path,
-                _SCHEMAS[kind](dspec),
-                dspec,
-                storage_options,
-                None,
-                partition_by=_PARTITION_BY.get(kind, ()),
-            )
+            _ensure(path, kind, dspec, storage_options, None)
         return WriteResult(spec.qualified_name, kind, path, False, 0)
     if existing is not None and kind is not SinkKind.CHANGELOG:
         _check_keyed(path, spec, existing)
