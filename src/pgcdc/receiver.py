@@ -139,6 +139,23 @@ _SETTING_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 DEFAULT_RECEIVE_TIMEOUT: Final = 60.0
 # How long a quiet read may block before the stop event is looked at again.
 STOP_CHECK_SECONDS: Final = 0.2
+# Once the stream has caught up with the server, reads wait this long for the next messages to
+# gather (``start_replication``'s ``coalesce``), at most a tenth of the flush interval: a
+# transaction is durable only at the next flush anyway, while a wakeup per message costs the
+# receiver, and the walsender that wakes it, more than the messages themselves. With
+# ``fsync_interval=0`` (synchronous replication waits for every commit) it reads eagerly.
+READ_COALESCE_SECONDS: Final = 0.005
+
+
+def read_coalesce(fsync_interval: float) -> float:
+    """Seconds a caught-up read waits for more messages, for a flush every ``fsync_interval``."""
+    return min(READ_COALESCE_SECONDS, fsync_interval / 10)
+
+
+# Progress (``Receiver.progress``, ``on_progress``) is published on a keepalive at most this
+# often: a walsender that has caught up sends one about every transaction, and a publish costs
+# as much as logging a small transaction. One held back is published within STOP_CHECK_SECONDS.
+KEEPALIVE_PUBLISH_SECONDS: Final = 0.1
 # Messages handled between looks at the stop event and the flush clock. Small batches also keep
 # few objects alive at once, which spares the garbage collector (see DEFAULT_BATCH).
 BURST_MESSAGES: Final = 64
@@ -742,6 +759,7 @@ class Receiver:
                 plugin_options,
                 status_interval=options.status_interval,
                 receive_timeout=options.receive_timeout,
+                coalesce=read_coalesce(options.fsync_interval),
             )
 
     def _while_slot_busy(self, attempt: Callable[[], _T], stop: threading.Event) -> _T:
@@ -792,11 +810,18 @@ class Receiver:
         # A class of a module that is not compiled, read once (compiled code would look it up
         # in this module's dict for every message).
         update = Update
+        # A keepalive's publish held back (see KEEPALIVE_PUBLISH_SECONDS), and when one is due.
+        publish_held = False
+        next_publish = 0.0
         policy.streaming(clock())
         while True:
             if stop.is_set():
                 return "stop"
             now = clock()
+            if publish_held and now >= next_publish:
+                publish_held = False
+                next_publish = now + KEEPALIVE_PUBLISH_SECONDS
+                self._publish(None)
             wait = policy.tick(now)
             if isinstance(wait, Flush):
                 self._flush()
@@ -917,7 +942,11 @@ class Receiver:
                         if isinstance(action, Stop):
                             return action.reason
                         self._send_confirm(action.lsn)
-                    self._publish(None)
+                    if now >= next_publish:
+                        next_publish = now + KEEPALIVE_PUBLISH_SECONDS
+                        self._publish(None)
+                    else:
+                        publish_held = True
 
     def _xlog(
         self,

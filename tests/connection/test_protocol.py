@@ -118,6 +118,25 @@ def test_keepalive_reply_flag_must_be_boolean():
 def test_timestamp_beyond_datetime_range():
     with pytest.raises(ProtocolError, match="outside the range"):
         parse_copy_data(XLOG_DATA[:17] + b"\x7f" + b"\xff" * 7)
+    # A keepalive's send time is made a datetime only when read, but checked when parsed.
+    with pytest.raises(ProtocolError, match="outside the range"):
+        parse_copy_data(KEEPALIVE[:9] + b"\x7f" + b"\xff" * 7 + b"\x00")
+
+
+def test_a_keepalive_keeps_its_send_time_as_sent():
+    message = parse_copy_data(KEEPALIVE)
+    assert isinstance(message, PrimaryKeepalive)
+    assert message.send_time_us == 86_400_000_000
+    assert type(message.wal_end) is LSN
+    # Given as microseconds or as a datetime: the same keepalive.
+    assert message == PrimaryKeepalive(LSN("2/FFFFFFF0"), 86_400_000_000, True)
+    assert hash(message) == hash(PrimaryKeepalive(LSN("2/FFFFFFF0"), 86_400_000_000, True))
+    assert message != PrimaryKeepalive(LSN("2/FFFFFFF0"), 86_400_000_001, True)
+    assert message != PrimaryKeepalive(LSN("2/FFFFFFF0"), 86_400_000_000, False)
+    assert repr(message) == (
+        "PrimaryKeepalive(wal_end=LSN('2/FFFFFFF0'), send_time=datetime.datetime(2000, 1, 2, 0, "
+        "0, tzinfo=datetime.timezone.utc), reply_requested=True)"
+    )
 
 
 @given(st.binary(max_size=64))

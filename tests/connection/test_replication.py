@@ -458,6 +458,45 @@ def test_read_many_hands_out_the_stream_in_batches(db, table):
     assert "replication timeout" not in db.cluster.server_log()
 
 
+def _read_until_commit(read: Any, deadline: float) -> list[tuple[LSN, str]]:
+    lines: list[tuple[LSN, str]] = []
+    while not any(text.startswith("COMMIT") for _, text in lines):
+        assert time.monotonic() < deadline, f"only got {lines}"
+        lines += _lines(read())
+    return lines
+
+
+def test_read_many_gathers_messages_once_the_stream_has_caught_up(db, table):
+    """After a batch below its limit (the stream has caught up with the server), read_many
+    waits ``coalesce`` seconds before it reads again, so the server's next messages come
+    together; a full batch is followed at once."""
+    slot = logical_slot(db)
+    db.execute("INSERT INTO t VALUES (1, 'first')")
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, coalesce=1.0)
+        deadline = time.monotonic() + PATIENCE
+        _read_until_commit(lambda: stream.read_many(timeout=1.0, limit=1000), deadline)
+        # The batch with the COMMIT was not full: the next transaction, sent at once, is not
+        # read before the pause is over.
+        db.execute("INSERT INTO t VALUES (2, 'second')")
+        started = time.monotonic()
+        lines = _read_until_commit(lambda: stream.read_many(timeout=5.0, limit=1000), deadline)
+        assert time.monotonic() - started >= 0.8
+        assert "'second'" in lines[1][1]
+        # Batches of one are always full: never a pause between them.
+        db.execute("INSERT INTO t VALUES (3, 'third'), (4, 'fourth')")
+        started = time.monotonic()
+        lines = _read_until_commit(lambda: stream.read_many(timeout=5.0, limit=1), deadline)
+        assert len(lines) == 4
+        assert time.monotonic() - started < 1.0
+        stream.stop()
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        with pytest.raises(InvalidArgument, match="coalesce"):
+            repl.start_replication(slot, coalesce=-1)
+        # Refused before START_REPLICATION: the connection still runs commands.
+        assert repl.identify_system().dbname == db.name
+
+
 def test_read_many_gives_what_came_before_a_bad_message_first(db, table):
     slot = logical_slot(db)
     db.execute("INSERT INTO t VALUES (1, 'small')")
@@ -479,13 +518,21 @@ async def _async_read_many(db: Any) -> None:
     slot = logical_slot(db)
     db.execute("INSERT INTO t SELECT g, 'async' FROM generate_series(1, 50) g")
     async with await AsyncReplicationConnection.connect(db.conninfo()) as repl:
-        stream = await repl.start_replication(slot)
+        stream = await repl.start_replication(slot, coalesce=1.0)
         lines: list[tuple[LSN, str]] = []
         deadline = time.monotonic() + PATIENCE
         while not any(text.startswith("COMMIT") for _, text in lines):
             assert time.monotonic() < deadline
             lines += _lines(await stream.read_many(timeout=1.0, limit=5))
         assert sum(text.startswith("table ") for _, text in lines) == 50
+        # The last batch was not full: the next transaction waits out the pause, as in sync.
+        db.execute("INSERT INTO t VALUES (51, 'later')")
+        started = time.monotonic()
+        later: list[tuple[LSN, str]] = []
+        while not any(text.startswith("COMMIT") for _, text in later):
+            assert time.monotonic() < deadline
+            later += _lines(await stream.read_many(timeout=5.0, limit=5))
+        assert time.monotonic() - started >= 0.8
         db.execute("SELECT pg_terminate_backend(%s)", (repl.pgconn.backend_pid,))
         with pytest.raises(ReplicationStreamError):
             for _ in range(100):

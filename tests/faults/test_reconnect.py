@@ -357,17 +357,26 @@ def test_a_receiver_process_prints_its_threads_stacks_on_request(
     _source(conninfo)
     with _running(_settings(conninfo, tmp_path)) as process:
         _new_walsender(conninfo, None)
-        process.dump_stacks()
         # faulthandler writes thread by thread: look at the captured stderr until the receiver's
         # frame shows. Peek with pread: reading the capture (readouterr) truncates the file the
         # child is still writing to, which loses what it writes between the read and the truncate.
+        # A dump may find the receiver between two waits (starting its session, or pausing for
+        # messages to gather, in compiled code with no frame of its own): ask again until one
+        # finds it waiting.
         frame = "in _wait" if _native.compiled() else "receiver.py"
 
         def dumped() -> bool:
             captured = os.pread(2, os.fstat(2).st_size, 0)
             return frame in captured.decode(errors="replace")
 
-        wait_until(dumped, timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            process.dump_stacks()
+            try:
+                wait_until(dumped, timeout=1)
+                break
+            except TimeoutError:
+                assert time.monotonic() < deadline, "no dump showed the receiver waiting"
         err = capfd.readouterr().err
         assert "most recent call first" in err and "in receive" in err and frame in err, err
         assert process.is_alive()

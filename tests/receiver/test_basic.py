@@ -28,9 +28,11 @@ from pgcdc.localpg import wait_until
 from pgcdc.lsn import LSN
 from pgcdc.receiver import (
     GC_THRESHOLDS,
+    READ_COALESCE_SECONDS,
     Receiver,
     ReceiverOptions,
     ReceiverProgress,
+    read_coalesce,
     session_options,
 )
 from pgcdc.transactions import AssemblyOptions, CommittedTransaction
@@ -529,3 +531,13 @@ def test_small_transactions_are_logged_as_postgresql_committed_them(
         if table != "hist":  # the log holds the rows that changed
             source = {key: source[key] for key in rows}
         assert rows == source, table
+
+
+def test_reads_gather_messages_only_as_long_as_a_tenth_of_the_flush_interval():
+    """A caught-up receiver waits a little for the next messages (one wakeup for several),
+    never long against how often it flushes, and not at all when every commit waits for it."""
+    assert read_coalesce(0.0) == 0.0  # fsync_interval=0: synchronous replication
+    assert read_coalesce(0.01) == pytest.approx(0.001)
+    assert read_coalesce(0.25) == READ_COALESCE_SECONDS  # the pipeline's receiver
+    assert read_coalesce(10.0) == READ_COALESCE_SECONDS  # the pgcdc command's default
+    assert 0 < READ_COALESCE_SECONDS <= 0.01

@@ -78,6 +78,12 @@ def test_idle_database_does_not_hold_wal(db: Database, busy: str, tmp_path: Path
                         timeout=60,
                     )
                     assert not errors, errors
+                    # The keepalive that let the slot move is in the published progress too
+                    # (publishes on keepalives are held back, never dropped).
+                    wait_until(
+                        lambda t=target: (receiver.progress.server_wal_end or LSN(0)) >= t,
+                        timeout=10,
+                    )
                     retained.append(
                         db.scalar(
                             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint "

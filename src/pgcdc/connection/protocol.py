@@ -10,7 +10,6 @@ microseconds since 2000-01-01 00:00 UTC (PostgreSQL's epoch). No IO here: the dr
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -128,13 +127,51 @@ class XLogData:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class PrimaryKeepalive:
-    """The server is alive; everything before ``wal_end`` has been sent."""
+    """The server is alive; everything before ``wal_end`` has been sent.
+
+    A walsender that has caught up sends one each time it waits for WAL while the client has
+    not confirmed all it sent, which on a busy stream is about once per transaction: like
+    ``XLogData``, ``send_time`` becomes a datetime only when read (given as a datetime, or as
+    the wire carries it: microseconds since 2000-01-01 UTC)."""
+
+    __slots__ = ("_sent", "reply_requested", "wal_end")
 
     wal_end: LSN
-    send_time: datetime
     reply_requested: bool
+    _sent: int
+
+    def __init__(self, wal_end: LSN, send_time: datetime | int, reply_requested: bool) -> None:
+        self.wal_end = wal_end
+        self._sent = send_time if isinstance(send_time, int) else to_pg_timestamp(send_time)
+        self.reply_requested = reply_requested
+
+    @property
+    def send_time(self) -> datetime:
+        return PG_EPOCH + timedelta(microseconds=self._sent)
+
+    @property
+    def send_time_us(self) -> int:
+        """``send_time`` as the server sent it: microseconds since 2000-01-01 UTC."""
+        return self._sent
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PrimaryKeepalive):
+            return NotImplemented
+        return (
+            self.wal_end == other.wal_end
+            and self._sent == other._sent
+            and self.reply_requested == other.reply_requested
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.wal_end, self._sent, self.reply_requested))
+
+    def __repr__(self) -> str:
+        return (
+            f"PrimaryKeepalive(wal_end={self.wal_end!r}, send_time={self.send_time!r}, "
+            f"reply_requested={self.reply_requested!r})"
+        )
 
 
 def parse_copy_data(
@@ -164,7 +201,9 @@ def parse_copy_data(
         end, sent, reply = _KEEPALIVE.unpack_from(buf, 1)
         if reply > 1:
             raise ProtocolError(f"primary keepalive reply flag must be 0 or 1, got {reply}")
-        return PrimaryKeepalive(_new_int(LSN, end), from_pg_timestamp(sent), reply == 1)
+        if not MIN_SEND_TIME <= sent <= MAX_SEND_TIME:
+            from_pg_timestamp(sent)  # raises the ProtocolError that explains it
+        return PrimaryKeepalive(_new_int(LSN, end), sent, reply == 1)
     raise ProtocolError(
         f"unknown replication message type {chr(kind)!r} (0x{kind:02x}); expected XLogData "
         "'w' or primary keepalive 'k'"

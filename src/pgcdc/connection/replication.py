@@ -13,6 +13,7 @@ could lose changes the consumer has not stored yet.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -54,6 +55,12 @@ DEFAULT_STATUS_INTERVAL: Final = 10.0  # seconds, as pg_recvlogical
 # looked at between batches. Small batches keep few objects alive at once, so the garbage
 # collector's young generation rarely fills (1024 costs ~20% more CPU than 64 in profiles).
 DEFAULT_BATCH: Final = 64
+# read_many's coalescing (``coalesce`` of start_replication): after a batch that was not full
+# (the stream has caught up with the server), the next call first waits that many seconds, so
+# the server's next messages come in one batch and one wakeup rather than a wakeup (the
+# client's, and on the server the walsender's send that wakes it) per message. The default, 0,
+# reads eagerly, as pg_recvlogical does; the receiver chooses its own (pgcdc.receiver).
+DEFAULT_COALESCE: Final = 0.0
 _XLOG_DATA: Final = ord("w")
 
 _COMMAND_OK: Final = pq.ExecStatus.COMMAND_OK
@@ -590,9 +597,36 @@ def _checked_batch(core: _StreamCore, limit: int) -> _StreamCore:
     return core
 
 
+def _checked_coalesce(coalesce: float) -> float:
+    """``coalesce`` as seconds, checked before START_REPLICATION is sent."""
+    if not isinstance(coalesce, int | float) or not 0 <= coalesce <= 1:
+        raise errors.InvalidArgument(f"coalesce must be between 0 and 1 second, not {coalesce!r}")
+    return float(coalesce)
+
+
 class _StreamBase:
-    def __init__(self, core: _StreamCore) -> None:
+    def __init__(self, core: _StreamCore, coalesce: float) -> None:
         self._core = core
+        self._coalesce = coalesce
+        self._next_read = 0.0  # monotonic time before which read_many waits (see DEFAULT_COALESCE)
+
+    def _pause(self, timeout: float | None) -> float:
+        """How long read_many waits before it reads: what is left of the pause after a partial
+        batch, at most ``timeout``."""
+        if not self._next_read:
+            return 0.0
+        left = self._next_read - self._core.clock()
+        self._next_read = 0.0
+        if left <= 0:
+            return 0.0
+        return left if timeout is None else max(min(left, timeout), 0.0)
+
+    def _taken(
+        self, messages: list[XLogData | PrimaryKeepalive], limit: int
+    ) -> list[XLogData | PrimaryKeepalive]:
+        if self._coalesce and 0 < len(messages) < limit:
+            self._next_read = self._core.clock() + self._coalesce
+        return messages
 
     @property
     def confirmed_lsn(self) -> LSN:
@@ -620,8 +654,10 @@ class _StreamBase:
 class ReplicationStream(_StreamBase):
     """A running START_REPLICATION: iterate for XLogData, or read() to see keepalives too."""
 
-    def __init__(self, core: _StreamCore, waiter: SyncWaiter) -> None:
-        super().__init__(core)
+    def __init__(
+        self, core: _StreamCore, waiter: SyncWaiter, coalesce: float = DEFAULT_COALESCE
+    ) -> None:
+        super().__init__(core, coalesce)
         self._waiter = waiter
 
     def read(self, timeout: float | None = None) -> XLogData | PrimaryKeepalive | None:
@@ -636,18 +672,24 @@ class ReplicationStream(_StreamBase):
     ) -> list[XLogData | PrimaryKeepalive]:
         """Every message already received (up to ``limit``), else the next one to arrive with
         those that came with it; [] after ``timeout`` seconds without any. The fast way to
-        consume a busy stream: one call per batch instead of one per message."""
+        consume a busy stream: one call per batch instead of one per message. After a batch
+        that was not full, the next call first waits the stream's ``coalesce`` seconds (at most
+        ``timeout``) for more to arrive."""
         core = _checked_batch(self._core, limit)
+        pause = self._pause(timeout)
+        if pause:
+            time.sleep(pause)
+            timeout = None if timeout is None else timeout - pause
         messages = core.poll_many(limit)
         if messages:
-            return messages
+            return self._taken(messages, limit)
         message = self._waiter.run(core.read_gen(timeout))
         if message is None:
             return messages
         messages.append(message)
         if limit > 1:
             messages += core.poll_many(limit - 1)
-        return messages
+        return self._taken(messages, limit)
 
     def __iter__(self) -> Iterator[XLogData]:
         return self
@@ -674,8 +716,8 @@ class ReplicationStream(_StreamBase):
 class AsyncReplicationStream(_StreamBase):
     """The asyncio twin of ReplicationStream (same generators, driven by the event loop)."""
 
-    def __init__(self, core: _StreamCore, fileno: int) -> None:
-        super().__init__(core)
+    def __init__(self, core: _StreamCore, fileno: int, coalesce: float = DEFAULT_COALESCE) -> None:
+        super().__init__(core, coalesce)
         self._fileno = fileno
 
     async def read(self, timeout: float | None = None) -> XLogData | PrimaryKeepalive | None:
@@ -689,16 +731,20 @@ class AsyncReplicationStream(_StreamBase):
     ) -> list[XLogData | PrimaryKeepalive]:
         """As ``ReplicationStream.read_many``."""
         core = _checked_batch(self._core, limit)
+        pause = self._pause(timeout)
+        if pause:
+            await asyncio.sleep(pause)
+            timeout = None if timeout is None else timeout - pause
         messages = core.poll_many(limit)
         if messages:
-            return messages
+            return self._taken(messages, limit)
         message = await run_async(core.read_gen(timeout), self._fileno)
         if message is None:
             return messages
         messages.append(message)
         if limit > 1:
             messages += core.poll_many(limit - 1)
-        return messages
+        return self._taken(messages, limit)
 
     def __aiter__(self) -> AsyncIterator[XLogData]:
         return self
@@ -803,14 +849,18 @@ class ReplicationConnection(_ConnectionBase):
         status_interval: float = DEFAULT_STATUS_INTERVAL,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         receive_timeout: float | None = None,
+        coalesce: float = DEFAULT_COALESCE,
     ) -> ReplicationStream:
         """Stream from a logical slot; 0/0 starts at the slot's confirmed_flush_lsn.
-        ``receive_timeout``: seconds of silence after which the connection counts as lost."""
+        ``receive_timeout``: seconds of silence after which the connection counts as lost;
+        ``coalesce``: seconds ``read_many`` waits after a batch that was not full (see
+        ``DEFAULT_COALESCE``; 0: read eagerly)."""
+        coalesce = _checked_coalesce(coalesce)
         text = self._start_command(slot_name, start_lsn, options)
         core = self._waiter.run(
             self._session.start_gen(text, status_interval, max_message_size, receive_timeout)
         )
-        return ReplicationStream(core, self._waiter)
+        return ReplicationStream(core, self._waiter, coalesce)
 
     def close(self) -> None:
         self._waiter.close()
@@ -909,13 +959,15 @@ class AsyncReplicationConnection(_ConnectionBase):
         status_interval: float = DEFAULT_STATUS_INTERVAL,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         receive_timeout: float | None = None,
+        coalesce: float = DEFAULT_COALESCE,
     ) -> AsyncReplicationStream:
+        coalesce = _checked_coalesce(coalesce)
         text = self._start_command(slot_name, start_lsn, options)
         core = await run_async(
             self._session.start_gen(text, status_interval, max_message_size, receive_timeout),
             self._fileno,
         )
-        return AsyncReplicationStream(core, self._fileno)
+        return AsyncReplicationStream(core, self._fileno, coalesce)
 
     async def close(self) -> None:
         await self._async_connection.close()
