@@ -33,6 +33,7 @@ import pgcdc
 from common import current_lsn, print_figure, start_cluster
 from oltp import CLIENTS, SHAPES, _build, _compiled_copy, _pgbench, _prepare
 from pgcdc.localpg import LocalCluster
+from pgcdc.lsn import LSN
 
 DBNAME = "steady"
 # After pgbench: the walsender has sent everything; the client gets this long to take it in.
@@ -102,9 +103,9 @@ def measure(
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 row = conn.execute(
-                    "SELECT sent_lsn FROM pg_stat_replication WHERE pid = %s", (walsender,)
+                    "SELECT sent_lsn::text FROM pg_stat_replication WHERE pid = %s", (walsender,)
                 ).fetchone()
-                if row and row[0] is not None and row[0] >= end:
+                if row and row[0] is not None and LSN.parse(row[0]) >= end:
                     break
                 time.sleep(0.05)
             time.sleep(SETTLE_SECONDS)
