@@ -65,23 +65,40 @@ def from_pg_timestamp(microseconds: int) -> datetime:
         ) from None
 
 
-class XLogData:
+class _SentAt:
+    """A server message's send time, kept as the wire carries it (microseconds since
+    2000-01-01 UTC) and made a datetime only when read: messages are the hot path (native
+    classes in the compiled build), and few readers look at the time."""
+
+    __slots__ = ("_sent",)
+
+    _sent: int
+
+    @property
+    def send_time(self) -> datetime:
+        return PG_EPOCH + timedelta(microseconds=self._sent)
+
+    @property
+    def send_time_us(self) -> int:
+        """``send_time`` as the server sent it: microseconds since 2000-01-01 UTC."""
+        return self._sent
+
+
+class XLogData(_SentAt):
     """WAL data (for logical replication: one output plugin message) starting at data_start.
 
     ``wal_end`` is the end of WAL on the server when it was sent, not the end of this message.
     ``payload`` is a view into the received buffer when the input was a memoryview (no copy);
-    call ``bytes(payload)`` to keep it independent of that buffer's type. This is the hot
-    path (a native class in the compiled build), so ``wal_end`` and ``send_time`` become an
-    LSN and a datetime only when read, and ``send_time`` may be given as the wire carries it:
-    microseconds since 2000-01-01 UTC.
+    call ``bytes(payload)`` to keep it independent of that buffer's type. ``wal_end`` becomes
+    an LSN only when read, and ``send_time`` may be given as a datetime or as the wire carries
+    it (see ``_SentAt``).
     """
 
-    __slots__ = ("_sent", "_wal_end", "data_start", "payload")
+    __slots__ = ("_wal_end", "data_start", "payload")
 
     data_start: LSN
     payload: bytes | memoryview
     _wal_end: int
-    _sent: int
 
     def __init__(
         self,
@@ -98,15 +115,6 @@ class XLogData:
     @property
     def wal_end(self) -> LSN:
         return _new_int(LSN, self._wal_end)
-
-    @property
-    def send_time(self) -> datetime:
-        return PG_EPOCH + timedelta(microseconds=self._sent)
-
-    @property
-    def send_time_us(self) -> int:
-        """``send_time`` as the server sent it: microseconds since 2000-01-01 UTC."""
-        return self._sent
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, XLogData):
@@ -127,33 +135,22 @@ class XLogData:
         )
 
 
-class PrimaryKeepalive:
+class PrimaryKeepalive(_SentAt):
     """The server is alive; everything before ``wal_end`` has been sent.
 
     A walsender that has caught up sends one each time it waits for WAL while the client has
     not confirmed all it sent, which on a busy stream is about once per transaction: like
-    ``XLogData``, ``send_time`` becomes a datetime only when read (given as a datetime, or as
-    the wire carries it: microseconds since 2000-01-01 UTC)."""
+    ``XLogData``'s, its ``send_time`` is a datetime only when read (see ``_SentAt``)."""
 
-    __slots__ = ("_sent", "reply_requested", "wal_end")
+    __slots__ = ("reply_requested", "wal_end")
 
     wal_end: LSN
     reply_requested: bool
-    _sent: int
 
     def __init__(self, wal_end: LSN, send_time: datetime | int, reply_requested: bool) -> None:
         self.wal_end = wal_end
         self._sent = send_time if isinstance(send_time, int) else to_pg_timestamp(send_time)
         self.reply_requested = reply_requested
-
-    @property
-    def send_time(self) -> datetime:
-        return PG_EPOCH + timedelta(microseconds=self._sent)
-
-    @property
-    def send_time_us(self) -> int:
-        """``send_time`` as the server sent it: microseconds since 2000-01-01 UTC."""
-        return self._sent
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PrimaryKeepalive):
