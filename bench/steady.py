@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg
 
 import pgcdc
-from common import current_lsn, print_figure, start_cluster
+from common import current_lsn, print_figure, process_tree_cpu, start_cluster
 from oltp import CLIENTS, SHAPES, _build, _compiled_copy, _pgbench, _prepare
 from pgcdc.localpg import LocalCluster
 from pgcdc.lsn import LSN
@@ -38,13 +38,6 @@ from pgcdc.lsn import LSN
 DBNAME = "steady"
 # After pgbench: the walsender has sent everything; the client gets this long to take it in.
 SETTLE_SECONDS = 0.5
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` and its children that exited (Linux /proc)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return sum(map(int, fields[11:15])) / os.sysconf("SC_CLK_TCK")
 
 
 def _client(
@@ -90,7 +83,8 @@ def measure(
         try:
             walsender = _walsender(conn, slot, client)
             time.sleep(1.0)  # the client's start-up is not counted
-            walsender_before, client_before = _cpu(walsender), _cpu(client.pid)
+            walsender_before = process_tree_cpu(walsender)
+            client_before = process_tree_cpu(client.pid)
             output = subprocess.run(
                 [
                     str(cluster.installation.binary("pgbench")), "-n", "-R", str(rate),
@@ -109,8 +103,8 @@ def measure(
                     break
                 time.sleep(0.05)
             time.sleep(SETTLE_SECONDS)
-            walsender_cpu = _cpu(walsender) - walsender_before
-            client_cpu = _cpu(client.pid) - client_before
+            walsender_cpu = process_tree_cpu(walsender) - walsender_before
+            client_cpu = process_tree_cpu(client.pid) - client_before
         finally:
             client.send_signal(signal.SIGINT)
             client.wait(60)

@@ -654,9 +654,7 @@ class _StreamBase:
 class ReplicationStream(_StreamBase):
     """A running START_REPLICATION: iterate for XLogData, or read() to see keepalives too."""
 
-    def __init__(
-        self, core: _StreamCore, waiter: SyncWaiter, coalesce: float = DEFAULT_COALESCE
-    ) -> None:
+    def __init__(self, core: _StreamCore, waiter: SyncWaiter, coalesce: float) -> None:
         super().__init__(core, coalesce)
         self._waiter = waiter
 
@@ -716,7 +714,7 @@ class ReplicationStream(_StreamBase):
 class AsyncReplicationStream(_StreamBase):
     """The asyncio twin of ReplicationStream (same generators, driven by the event loop)."""
 
-    def __init__(self, core: _StreamCore, fileno: int, coalesce: float = DEFAULT_COALESCE) -> None:
+    def __init__(self, core: _StreamCore, fileno: int, coalesce: float) -> None:
         super().__init__(core, coalesce)
         self._fileno = fileno
 
