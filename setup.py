@@ -1,4 +1,4 @@
-"""Build hook: the receiver's per-message path compiled with mypyc.
+"""Build hook: the receiver's per-message path compiled with mypyc, and the stream's reader in C.
 
 The modules in ``pgcdc._native.COMPILED_MODULES`` are plain, type-annotated Python; mypyc compiles
 the same source into C extensions. The source stays the only reference (``pgcdc._native`` runs it
@@ -12,7 +12,7 @@ import ast
 import os
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 
 def _compiled_modules() -> list[str]:
@@ -36,7 +36,14 @@ def _extensions() -> list[object]:
     # fail the build (a fresh environment without numpy installed failed so).
     options = ["--config-file=", "--ignore-missing-imports", "--python-version=3.11"]
     sources = [f"src/{module.replace('.', '/')}.py" for module in _compiled_modules()]
-    return list(mypycify([*options, *sources], opt_level="3", group_name="pgcdc_native"))
+    compiled = mypycify([*options, *sources], opt_level="3", group_name="pgcdc_native")
+    # The replication stream's CopyData reader (pgcdc.connection.copyread says why).
+    reader = Extension(
+        "pgcdc.connection._copyread",
+        ["src/pgcdc/connection/_copyread.c"],
+        extra_compile_args=["-O2"],
+    )
+    return [*compiled, reader]
 
 
 setup(ext_modules=_extensions())

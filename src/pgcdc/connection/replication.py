@@ -36,6 +36,7 @@ from pgcdc.connection.commands import (
     TimelineHistory,
 )
 from pgcdc.connection.conninfo import timed_out
+from pgcdc.connection.copyread import CONSUME_FAILED, COPY_ENDED, COPY_FAILED, native_reader
 from pgcdc.connection.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
     PrimaryKeepalive,
@@ -256,6 +257,15 @@ class _Session:
         return self.stream
 
 
+class _PartlyParsed(Exception):
+    """A batch's message that failed to parse: the messages before it, and the error."""
+
+    def __init__(self, messages: list[XLogData | PrimaryKeepalive], error: errors.PgcdcError):
+        super().__init__(error)
+        self.messages = messages
+        self.error = error
+
+
 class _StreamCore:
     """The COPY-BOTH state machine: messages in, status updates out, no blocking calls.
 
@@ -293,6 +303,8 @@ class _StreamCore:
         self.copy_ended = False  # the server left COPY mode (error or shutdown)
         self.failed: errors.PgcdcError | None = None  # raised by poll_many after its batch
         self.ended = False  # the stream is over; the connection is idle or gone
+        # poll_many's reader in C when this build has one (copyread.py), else None.
+        self.native_read = native_reader()
 
     # --- outgoing ----------------------------------------------------------------------------
 
@@ -387,6 +399,13 @@ class _StreamCore:
             return messages
         if self.clock() >= self.next_status:
             self.send_status()
+        native_read = self.native_read
+        if native_read is not None:
+            # None once closed (psycopg's PGconn has it, its typing does not): the Python path
+            # then raises.
+            conn = getattr(self.pgconn, "pgconn_ptr", None)
+            if conn is not None:
+                return self._poll_native(native_read, conn, limit)
         get_copy_data = self.pgconn.get_copy_data
         append = messages.append
         max_size = self.max_message_size
@@ -427,6 +446,65 @@ class _StreamCore:
         if taken:
             self.last_received = self.clock()
             self.ping_sent = False
+        return messages
+
+    def _poll_native(
+        self,
+        native_read: Callable[[int, int, int], tuple[list[Any], int, int]],
+        conn: int,
+        limit: int,
+    ) -> list[XLogData | PrimaryKeepalive]:
+        """``poll_many``'s Python path done by ``_copyread`` (see copyread.py): the same
+        messages, in order, with the same errors. The C code hands any message but a
+        well-formed XLogData over as its bytes, which are parsed (or refused) here."""
+        messages, status, raw = native_read(conn, limit, self.max_message_size)
+        try:
+            if raw:
+                messages = self._parse_raw(messages)
+            if status == COPY_ENDED:
+                self.copy_ended = True
+            elif status == COPY_FAILED:
+                raise psycopg.OperationalError(
+                    f"receiving copy data failed: {self.pgconn.get_error_message()}"
+                )
+            elif status == CONSUME_FAILED:
+                raise psycopg.OperationalError(
+                    f"consuming input failed: {self.pgconn.get_error_message()}"
+                )
+        except psycopg.OperationalError as error:
+            try:
+                self._raise_lost(error)
+            except errors.PgcdcError as failure:
+                if not messages:
+                    raise
+                self.failed = failure
+        except _PartlyParsed as partly:
+            messages = partly.messages
+            if not messages:
+                raise partly.error from partly.error.__cause__
+            self.failed = partly.error
+        if messages:
+            self.last_received = self.clock()
+            self.ping_sent = False
+        return messages
+
+    def _parse_raw(self, taken: list[Any]) -> list[XLogData | PrimaryKeepalive]:
+        """``taken`` with each bytes item parsed as poll_many's Python path parses it;
+        keepalives answered in order. A message that fails to parse ends the batch there
+        (``_PartlyParsed``: the messages before it, and the error)."""
+        max_size = self.max_message_size
+        messages: list[XLogData | PrimaryKeepalive] = []
+        for item in taken:
+            if type(item) is bytes:
+                try:
+                    message = parse_copy_data(item, max_size)
+                    if type(message) is PrimaryKeepalive:
+                        self._keepalive(message)
+                except errors.PgcdcError as error:
+                    raise _PartlyParsed(messages, error) from None
+                messages.append(message)
+            else:
+                messages.append(item)
         return messages
 
     def _keepalive(self, message: PrimaryKeepalive) -> None:
