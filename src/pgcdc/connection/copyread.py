@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from psycopg import pq
+
 from pgcdc._native import PURE_PYTHON_ENV
 from pgcdc.connection.protocol import MAX_SEND_TIME, MIN_SEND_TIME, XLogData
 from pgcdc.lsn import LSN
@@ -119,8 +121,16 @@ def _bound() -> _Reader | None:
             _address(libpq.PQfreemem),
             _address(libpq.PQconsumeInput),
         ]
+        # The one libpq mapped is psycopg's unless psycopg linked its own statically: then
+        # at least its version must be psycopg's (the connection's layout is that version's).
+        version = libpq.PQlibVersion()
     except (OSError, AttributeError) as exc:
         log.debug("no native CopyData reader: %s", exc)
+        return None
+    if version != pq.version():
+        log.debug(
+            "no native CopyData reader: libpq %s mapped, psycopg's is %s", version, pq.version()
+        )
         return None
     if not all(functions):
         return None
