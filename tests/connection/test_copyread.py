@@ -83,19 +83,13 @@ class FakeLibpq:
         return 1
 
     def read(self, limit: int, max_size: int) -> tuple[list[Any], int, int]:
-        assert copyread._copyread is not None
-        return copyread._copyread.read_copy_data(  # type: ignore[no-any-return]
-            1,
-            ctypes.cast(self.get, ctypes.c_void_p).value,
-            ctypes.cast(self.free, ctypes.c_void_p).value,
-            ctypes.cast(self.consume, ctypes.c_void_p).value,
-            limit,
-            max_size,
-            XLogData,
-            LSN,
-            MIN_SEND_TIME,
-            MAX_SEND_TIME,
+        """What the stream's reader takes, bound to these callbacks as to libpq's."""
+        reader = copyread._Reader(
+            ctypes.cast(self.get, ctypes.c_void_p).value or 0,
+            ctypes.cast(self.free, ctypes.c_void_p).value or 0,
+            ctypes.cast(self.consume, ctypes.c_void_p).value or 0,
         )
+        return reader(1, limit, max_size)
 
 
 def xlog(start: int, end: int, sent: int, payload: bytes) -> bytes:

@@ -525,8 +525,15 @@ async def _async_read_many(db: Any) -> None:
             assert time.monotonic() < deadline
             lines += _lines(await stream.read_many(timeout=1.0, limit=5))
         assert sum(text.startswith("table ") for _, text in lines) == 50
-        # The last batch was not full: the next transaction waits out the pause, as in sync.
-        db.execute("INSERT INTO t VALUES (51, 'later')")
+        # A batch below its limit (here, surely: the one with this COMMIT) makes the next
+        # transaction wait out the pause, as in sync. (The batch with the COMMIT above may
+        # have been full, when reading outpaced the server and left a short batch earlier.)
+        db.execute("INSERT INTO t VALUES (51, 'short batch')")
+        armed: list[tuple[LSN, str]] = []
+        while not any(text.startswith("COMMIT") for _, text in armed):
+            assert time.monotonic() < deadline
+            armed += _lines(await stream.read_many(timeout=5.0, limit=1000))
+        db.execute("INSERT INTO t VALUES (52, 'later')")
         started = time.monotonic()
         later: list[tuple[LSN, str]] = []
         while not any(text.startswith("COMMIT") for _, text in later):

@@ -433,12 +433,7 @@ class _StreamCore:
                     self._keepalive(message)
                 append(message)
         except psycopg.OperationalError as error:
-            try:
-                self._raise_lost(error)
-            except errors.PgcdcError as failure:
-                if not messages:
-                    raise
-                self.failed = failure
+            self._lost_after(error, bool(messages))
         except errors.PgcdcError as error:
             if not messages:
                 raise
@@ -472,12 +467,7 @@ class _StreamCore:
                     f"consuming input failed: {self.pgconn.get_error_message()}"
                 )
         except psycopg.OperationalError as error:
-            try:
-                self._raise_lost(error)
-            except errors.PgcdcError as failure:
-                if not messages:
-                    raise
-                self.failed = failure
+            self._lost_after(error, bool(messages))
         except _PartlyParsed as partly:
             messages = partly.messages
             if not messages:
@@ -506,6 +496,16 @@ class _StreamCore:
             else:
                 messages.append(item)
         return messages
+
+    def _lost_after(self, error: psycopg.OperationalError, taken: bool) -> None:
+        """Raise why the connection failed under a read; once messages were ``taken``, keep
+        it for the next call instead, so the messages before it reach the consumer first."""
+        try:
+            self._raise_lost(error)
+        except errors.PgcdcError as failure:
+            if not taken:
+                raise
+            self.failed = failure
 
     def _keepalive(self, message: PrimaryKeepalive) -> None:
         self.server_wal_end = message.wal_end
