@@ -405,11 +405,11 @@ class PgOutputDecoder:
 
     # --- transaction boundaries --------------------------------------------------------------
 
-    def begin_fields(self, buf: bytes) -> tuple[LSN, datetime, int]:
-        """The final LSN, commit time and xid of the Begin message ``buf``: what its event
-        holds, for a caller that hands them on without the event (the receiver's loop; see
-        ``TransactionAssembler.begin_plain``). Raises as ``decode_one`` does (see
-        ``reraise``)."""
+    def begin_fields(self, buf: bytes) -> tuple[int, datetime, int]:
+        """The final LSN (as an int: the receiver's loop does not keep it), commit time and
+        xid of the Begin message ``buf``: what its event holds, for a caller that hands them
+        on without the event (the receiver's loop; see ``TransactionAssembler.begin_plain``).
+        Raises as ``decode_one`` does (see ``reraise``)."""
         if self._state.stream_xid is not None:
             raise DecodeError("Begin inside a stream block (no Stream Stop before it)")
         final_lsn, commit_time, xid = _u64(buf, 1), _i64(buf, 9), _u32(buf, 17)
@@ -417,7 +417,7 @@ class PgOutputDecoder:
             self._check_end(buf, 21)
         converted = _time(commit_time)
         self._begin_time = (commit_time, converted)
-        return _int_new(LSN, final_lsn), converted, xid
+        return final_lsn, converted, xid
 
     def commit_fields(self, buf: bytes) -> tuple[int, LSN, LSN, datetime]:
         """The flags, commit LSN, end LSN and commit time of the Commit message ``buf``: what
@@ -442,7 +442,7 @@ class PgOutputDecoder:
         set_lsn, set_xid, set_final, set_time, set_csn, set_first, set_user = _BEGIN_SETTERS
         set_lsn(event, lsn)
         set_xid(event, xid)
-        set_final(event, final_lsn)
+        set_final(event, _int_new(LSN, final_lsn))
         set_time(event, commit_time)
         set_csn(event, None)
         set_first(event, None)
