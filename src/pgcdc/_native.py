@@ -42,17 +42,17 @@ def _paths(module: str) -> tuple[Path, Path]:
     return base.with_suffix(".py"), base.with_name(base.name + _EXTENSION)
 
 
-def stale_modules() -> list[str]:
-    """Modules of a source checkout whose source is newer than their build. An installed
+def is_stale(source: Path, built: Path) -> bool:
+    """Whether, in a source checkout, ``source`` is newer than its build ``built``. An installed
     package is never checked: its files are written in no particular order."""
     if not (_PACKAGE.parent.parent / "setup.py").exists():
-        return []
-    stale = []
-    for module in COMPILED_MODULES:
-        source, built = _paths(module)
-        if built.exists() and source.stat().st_mtime > built.stat().st_mtime:
-            stale.append(module)
-    return stale
+        return False
+    return built.exists() and source.exists() and source.stat().st_mtime > built.stat().st_mtime
+
+
+def stale_modules() -> list[str]:
+    """Modules of a source checkout whose source is newer than their build."""
+    return [module for module in COMPILED_MODULES if is_stale(*_paths(module))]
 
 
 def compiled() -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 
 from psycopg import pq
 
-from pgcdc._native import PURE_PYTHON_ENV
+from pgcdc._native import PURE_PYTHON_ENV, is_stale
 from pgcdc.connection.protocol import MAX_SEND_TIME, MIN_SEND_TIME, XLogData
 from pgcdc.lsn import LSN
 
@@ -67,12 +67,6 @@ def _libpq_paths(maps: str = "/proc/self/maps") -> set[str]:
     return paths
 
 
-def _stale(source: Path, built: Path) -> bool:
-    """In a source checkout, whether the C source is newer than its build."""
-    checkout = (source.parents[3] / "setup.py").exists()
-    return checkout and source.exists() and source.stat().st_mtime > built.stat().st_mtime
-
-
 def _address(function: Any) -> int:
     return ctypes.cast(function, ctypes.c_void_p).value or 0
 
@@ -100,11 +94,16 @@ class _Reader:
 
 
 @functools.cache
-def _bound() -> _Reader | None:
-    """The reader for this process's libpq, or None (see the module's docstring)."""
+def native_reader() -> NativeRead | None:
+    """The C reader for this process's libpq, or None: the caller then takes the Python path
+    (see the module's docstring).
+
+    The caller passes the connection's current ``pgconn_ptr`` on every call, never a kept one:
+    psycopg sets it to None once the connection is closed, and the C code must not touch a
+    freed connection."""
     if _copyread is None or os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return None
-    if _stale(Path(__file__).with_name("_copyread.c"), Path(_copyread.__file__ or "")):
+    if is_stale(Path(__file__).with_name("_copyread.c"), Path(_copyread.__file__ or "")):
         log.warning(
             "pgcdc/connection/_copyread.c changed after its build: the stream is read in Python "
             "until you run `pip install -e .` again"
@@ -135,12 +134,3 @@ def _bound() -> _Reader | None:
     if not all(functions):
         return None
     return _Reader(*functions)
-
-
-def native_reader() -> NativeRead | None:
-    """The C reader for this process's libpq, or None: the caller then takes the Python path.
-
-    The caller passes the connection's current ``pgconn_ptr`` on every call, never a kept one:
-    psycopg sets it to None once the connection is closed, and the C code must not touch a
-    freed connection."""
-    return _bound()

@@ -36,7 +36,13 @@ from pgcdc.connection.commands import (
     TimelineHistory,
 )
 from pgcdc.connection.conninfo import timed_out
-from pgcdc.connection.copyread import CONSUME_FAILED, COPY_ENDED, COPY_FAILED, native_reader
+from pgcdc.connection.copyread import (
+    CONSUME_FAILED,
+    COPY_ENDED,
+    COPY_FAILED,
+    NativeRead,
+    native_reader,
+)
 from pgcdc.connection.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
     PrimaryKeepalive,
@@ -257,15 +263,6 @@ class _Session:
         return self.stream
 
 
-class _PartlyParsed(Exception):
-    """A batch's message that failed to parse: the messages before it, and the error."""
-
-    def __init__(self, messages: list[XLogData | PrimaryKeepalive], error: errors.PgcdcError):
-        super().__init__(error)
-        self.messages = messages
-        self.error = error
-
-
 class _StreamCore:
     """The COPY-BOTH state machine: messages in, status updates out, no blocking calls.
 
@@ -435,53 +432,42 @@ class _StreamCore:
         except psycopg.OperationalError as error:
             self._lost_after(error, bool(messages))
         except errors.PgcdcError as error:
-            if not messages:
-                raise
-            self.failed = error
+            self._failed_after(error, bool(messages))
         if taken:
             self.last_received = self.clock()
             self.ping_sent = False
         return messages
 
     def _poll_native(
-        self,
-        native_read: Callable[[int, int, int], tuple[list[Any], int, int]],
-        conn: int,
-        limit: int,
+        self, native_read: NativeRead, conn: int, limit: int
     ) -> list[XLogData | PrimaryKeepalive]:
         """``poll_many``'s Python path done by ``_copyread`` (see copyread.py): the same
         messages, in order, with the same errors. The C code hands any message but a
         well-formed XLogData over as its bytes, which are parsed (or refused) here."""
         messages, status, raw = native_read(conn, limit, self.max_message_size)
-        try:
-            if raw:
-                messages = self._parse_raw(messages)
-            if status == COPY_ENDED:
-                self.copy_ended = True
-            elif status == COPY_FAILED:
-                raise psycopg.OperationalError(
-                    f"receiving copy data failed: {self.pgconn.get_error_message()}"
-                )
-            elif status == CONSUME_FAILED:
-                raise psycopg.OperationalError(
-                    f"consuming input failed: {self.pgconn.get_error_message()}"
-                )
-        except psycopg.OperationalError as error:
+        failure = None
+        if raw:
+            messages, failure = self._parse_raw(messages)
+        if failure is not None:
+            # The messages after the one refused are dropped: the stream has failed.
+            self._failed_after(failure, bool(messages))
+        elif status == COPY_ENDED:
+            self.copy_ended = True
+        elif status in (COPY_FAILED, CONSUME_FAILED):
+            what = "receiving copy data" if status == COPY_FAILED else "consuming input"
+            error = psycopg.OperationalError(f"{what} failed: {self.pgconn.get_error_message()}")
             self._lost_after(error, bool(messages))
-        except _PartlyParsed as partly:
-            messages = partly.messages
-            if not messages:
-                raise partly.error from partly.error.__cause__
-            self.failed = partly.error
         if messages:
             self.last_received = self.clock()
             self.ping_sent = False
         return messages
 
-    def _parse_raw(self, taken: list[Any]) -> list[XLogData | PrimaryKeepalive]:
-        """``taken`` with each bytes item parsed as poll_many's Python path parses it;
-        keepalives answered in order. A message that fails to parse ends the batch there
-        (``_PartlyParsed``: the messages before it, and the error)."""
+    def _parse_raw(
+        self, taken: list[Any]
+    ) -> tuple[list[XLogData | PrimaryKeepalive], errors.PgcdcError | None]:
+        """``taken`` with each bytes item parsed as poll_many's Python path parses it,
+        keepalives answered in order; a message that fails to parse ends the batch there (the
+        messages before it, and the error)."""
         max_size = self.max_message_size
         messages: list[XLogData | PrimaryKeepalive] = []
         for item in taken:
@@ -491,21 +477,25 @@ class _StreamCore:
                     if type(message) is PrimaryKeepalive:
                         self._keepalive(message)
                 except errors.PgcdcError as error:
-                    raise _PartlyParsed(messages, error) from None
+                    return messages, error
                 messages.append(message)
             else:
                 messages.append(item)
-        return messages
+        return messages, None
 
     def _lost_after(self, error: psycopg.OperationalError, taken: bool) -> None:
-        """Raise why the connection failed under a read; once messages were ``taken``, keep
-        it for the next call instead, so the messages before it reach the consumer first."""
+        """Raise why the connection failed under a read (see ``_failed_after``)."""
         try:
             self._raise_lost(error)
         except errors.PgcdcError as failure:
-            if not taken:
-                raise
-            self.failed = failure
+            self._failed_after(failure, taken)
+
+    def _failed_after(self, failure: errors.PgcdcError, taken: bool) -> None:
+        """Raise ``failure``, or, once messages were ``taken``, keep it for the next call, so
+        the messages before it reach the consumer first."""
+        if not taken:
+            raise failure
+        self.failed = failure
 
     def _keepalive(self, message: PrimaryKeepalive) -> None:
         self.server_wal_end = message.wal_end
