@@ -12,18 +12,27 @@ _THREADS = (
     "print(len(os.listdir('/proc/self/task')))"
 )
 
+# The memory pool Arrow allocates from in a process that imported the command's modules.
+_POOL = "import pgcdc.cli.main, pyarrow; print(pyarrow.default_memory_pool().backend_name)"
+_CHOSEN = ("OPENBLAS_NUM_THREADS", "ARROW_DEFAULT_MEMORY_POOL")
+
 
 def _threads(**env: str) -> int:
-    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    return int(_run(_THREADS, **env))
+
+
+def _run(code: str, **env: str) -> str:
+    """What ``code`` prints, run with this environment less the settings pgcdc chooses."""
+    base = {k: v for k, v in os.environ.items() if k not in _CHOSEN}
     shown = subprocess.run(
-        [sys.executable, "-c", _THREADS],
+        [sys.executable, "-c", code],
         env={**base, **env},
         capture_output=True,
         text=True,
         check=False,
     )
     assert shown.returncode == 0, shown.stderr
-    return int(shown.stdout)
+    return shown.stdout.strip()
 
 
 def test_the_command_starts_no_openblas_threads() -> None:
@@ -31,3 +40,10 @@ def test_the_command_starts_no_openblas_threads() -> None:
     assert _threads() == _threads(OPENBLAS_NUM_THREADS="1")
     if (os.cpu_count() or 1) > 1:
         assert _threads(OPENBLAS_NUM_THREADS="2") > _threads()
+
+
+def test_the_command_allocates_arrow_buffers_with_malloc() -> None:
+    """Arrow's default pool (mimalloc) faulted fresh pages in for every change log frame; a
+    user's own choice is kept."""
+    assert _run(_POOL) == "system"
+    assert _run(_POOL, ARROW_DEFAULT_MEMORY_POOL="mimalloc") == "mimalloc"

@@ -2,7 +2,7 @@
 
 import os
 
-from pgcdc.runtime import quiet_blas
+from pgcdc.runtime import tune_environment
 
 # Before anything imports numpy; the command's child processes inherit it.
-quiet_blas(os.environ)
+tune_environment(os.environ)

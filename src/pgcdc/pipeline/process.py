@@ -33,7 +33,7 @@ import pgcdc
 from pgcdc.errors import ReceiverProcessError, portable, storage_error
 from pgcdc.lsn import LSN
 from pgcdc.receiver import ReceiverProgress
-from pgcdc.runtime import freeze_imports, quiet_blas
+from pgcdc.runtime import freeze_imports, tune_environment
 
 if TYPE_CHECKING:
     from pgcdc.pipeline import Settings
@@ -141,7 +141,7 @@ class ReceiverProcess:
         control_read, control_write = os.pipe()
         package_root = str(Path(pgcdc.__file__).resolve().parents[1])
         env = dict(os.environ)
-        quiet_blas(env)  # also when the pipeline runs in a caller's process, not the command's
+        tune_environment(env)  # also when the pipeline runs in a caller's process
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         try:
             self._process = subprocess.Popen(
