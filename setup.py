@@ -1,4 +1,5 @@
-"""Build hook: the receiver's per-message path compiled with mypyc, and the stream's reader in C.
+"""Build hook: the receiver's per-message path compiled with mypyc; the stream's reader and the
+timestamp conversion in C.
 
 The modules in ``pgcdc._native.COMPILED_MODULES`` are plain, type-annotated Python; mypyc compiles
 the same source into C extensions. The source stays the only reference (``pgcdc._native`` runs it
@@ -43,7 +44,9 @@ def _extensions() -> list[object]:
         ["src/pgcdc/connection/_copyread.c"],
         extra_compile_args=["-O2"],
     )
-    return [*compiled, reader]
+    # PostgreSQL timestamps as datetimes (pgcdc.pgtime says why).
+    timestamps = Extension("pgcdc._pgtime", ["src/pgcdc/_pgtime.c"], extra_compile_args=["-O2"])
+    return [*compiled, reader, timestamps]
 
 
 setup(ext_modules=_extensions())

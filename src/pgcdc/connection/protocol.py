@@ -15,6 +15,7 @@ from typing import Final
 
 from pgcdc.errors import InvalidArgument, ProtocolError
 from pgcdc.lsn import LSN
+from pgcdc.pgtime import from_micros
 
 PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -57,7 +58,7 @@ MAX_SEND_TIME: Final = (datetime.max.replace(tzinfo=UTC) - PG_EPOCH) // _ONE_MIC
 def from_pg_timestamp(microseconds: int) -> datetime:
     """The UTC datetime of a protocol timestamp; ProtocolError when Python cannot hold it."""
     try:
-        return PG_EPOCH + timedelta(microseconds=microseconds)
+        return from_micros(microseconds)
     except OverflowError:
         raise ProtocolError(
             f"timestamp {microseconds} (microseconds since 2000-01-01) is outside the range "
@@ -76,7 +77,7 @@ class _SentAt:
 
     @property
     def send_time(self) -> datetime:
-        return PG_EPOCH + timedelta(microseconds=self._sent)
+        return from_micros(self._sent)
 
     @property
     def send_time_us(self) -> int:

@@ -18,7 +18,7 @@ import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final, Literal, NoReturn
 
 from mypy_extensions import mypyc_attr
@@ -55,6 +55,7 @@ from pgcdc.events import (
     field_setters,
 )
 from pgcdc.lsn import LSN
+from pgcdc.pgtime import from_micros
 from pgcdc.tupledata import read_tuple_reference, trailing_bytes_error, tuple_end
 
 __all__ = ["MAX_PROTO_VERSION", "PgOutputDecoder", "PgOutputOptions", "max_proto_version"]
@@ -127,13 +128,9 @@ _BEGIN_SETTERS: Final = field_setters(Begin)
 _COMMIT_SETTERS: Final = field_setters(Commit)
 
 
-def _time(micros: int, epoch: datetime = _PG_EPOCH, delta: type[timedelta] = timedelta) -> datetime:
-    """PostgreSQL TimestampTz (microseconds since 2000-01-01 UTC) as an aware datetime.
-
-    Seconds and microseconds are split here: ``timedelta(microseconds=...)`` normalises a
-    large microsecond count much more slowly, and every transaction has two of these."""
-    seconds, micros = divmod(micros, 1_000_000)
-    return epoch + delta(0, seconds, micros)
+# PostgreSQL TimestampTz (microseconds since 2000-01-01 UTC) as an aware datetime: every
+# transaction has one (its Begin's, which its Commit repeats).
+_time: Final = from_micros
 
 
 # LSNs read with an unsigned 64-bit ``struct`` format are always in range: ``_int_new(LSN, v)``

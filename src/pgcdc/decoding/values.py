@@ -38,6 +38,7 @@ from pgcdc.decoding.textforms import (
 from pgcdc.errors import DecodeError
 from pgcdc.events import UNCHANGED_TOAST, Column, RawValue, Table, Unchanged
 from pgcdc.lsn import LSN
+from pgcdc.pgtime import from_micros
 
 TextDecoder: TypeAlias = Callable[[str], Any]
 BinaryDecoder: TypeAlias = Callable[[bytes], Any]
@@ -45,7 +46,6 @@ BinaryDecoder: TypeAlias = Callable[[bytes], Any]
 # PostgreSQL counts dates and timestamps from 2000-01-01.
 _PG_EPOCH_ORDINAL = date(2000, 1, 1).toordinal()
 _PG_EPOCH = datetime(2000, 1, 1)
-_PG_EPOCH_UTC = datetime(2000, 1, 1, tzinfo=UTC)
 _DAY_US = 86_400_000_000
 DATE_POS_INFINITY = 2**31 - 1
 DATE_NEG_INFINITY = -(2**31)
@@ -558,7 +558,7 @@ def _timetz_binary(data: bytes) -> time | PgTime:
 
 def _timestamp_from_micros(micros: int, with_tz: bool) -> datetime | PgTimestamp:
     if _PY_MIN_US <= micros <= _PY_MAX_US:
-        return (_PG_EPOCH_UTC if with_tz else _PG_EPOCH) + timedelta(microseconds=micros)
+        return from_micros(micros, UTC if with_tz else None)
     return PgTimestamp(micros, with_tz)
 
 

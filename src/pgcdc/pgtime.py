@@ -1,0 +1,54 @@
+"""PostgreSQL timestamps (microseconds since 2000-01-01) as datetimes: the one conversion the
+protocol's send times, pgoutput's commit times and the type registry's timestamps share.
+
+``_from_micros`` is the reference. Every transaction's commit time passes here, so the build
+also compiles ``_pgtime.c``, the same conversion in C; ``from_micros`` is that one unless it is
+not built, ``PGCDC_PURE_PYTHON`` is set, or (in a source checkout) the C source changed after
+its build (``tests/test_pgtime.py`` checks the two agree).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, tzinfo
+from pathlib import Path
+from typing import Final
+
+from pgcdc._native import PURE_PYTHON_ENV, is_stale
+
+log = logging.getLogger(__name__)
+
+FromMicros = Callable[..., datetime]
+
+
+def _from_micros(micros: int, zone: tzinfo | None = UTC) -> datetime:
+    """The datetime ``micros`` microseconds after 2000-01-01 00:00 in ``zone`` (None: naive);
+    OverflowError when a datetime cannot hold it.
+
+    Seconds and microseconds are split here: ``timedelta(microseconds=...)`` normalises a
+    large microsecond count more slowly."""
+    seconds, rest = divmod(micros, 1_000_000)
+    return datetime(2000, 1, 1, tzinfo=zone) + timedelta(0, seconds, rest)
+
+
+def native_from_micros() -> FromMicros | None:
+    """``_pgtime.from_micros``, or None where the reference must run instead."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        module = importlib.import_module("pgcdc._pgtime")
+    except ImportError:  # built without a C compiler (PGCDC_PURE_PYTHON=1 at install)
+        return None
+    if is_stale(Path(__file__).with_name("_pgtime.c"), Path(module.__file__ or "")):
+        log.warning(
+            "pgcdc/_pgtime.c changed after its build: timestamps are converted in Python "
+            "until you run `pip install -e .` again"
+        )
+        return None
+    return module.from_micros  # type: ignore[no-any-return]
+
+
+from_micros: Final[FromMicros] = native_from_micros() or _from_micros
