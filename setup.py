@@ -1,5 +1,5 @@
-"""Build hook: the receiver's per-message path compiled with mypyc; the stream's reader and the
-timestamp conversion in C.
+"""Build hook: the receiver's per-message path compiled with mypyc; the stream's reader, the
+timestamp conversion and the event builder in C.
 
 The modules in ``pgcdc._native.COMPILED_MODULES`` are plain, type-annotated Python; mypyc compiles
 the same source into C extensions. The source stays the only reference (``pgcdc._native`` runs it
@@ -44,9 +44,13 @@ def _extensions() -> list[object]:
         ["src/pgcdc/connection/_copyread.c"],
         extra_compile_args=["-O2"],
     )
-    # PostgreSQL timestamps as datetimes (pgcdc.pgtime says why).
-    timestamps = Extension("pgcdc._pgtime", ["src/pgcdc/_pgtime.c"], extra_compile_args=["-O2"])
-    return [*compiled, reader, timestamps]
+    # PostgreSQL timestamps as datetimes (pgcdc.pgtime says why) and events made from their
+    # fields' values (pgcdc.events.builder).
+    small = [
+        Extension(f"pgcdc.{name}", [f"src/pgcdc/{name}.c"], extra_compile_args=["-O2"])
+        for name in ("_pgtime", "_slotted")
+    ]
+    return [*compiled, reader, *small]
 
 
 setup(ext_modules=_extensions())

@@ -91,3 +91,25 @@ def choose_build() -> None:
             )
     if use_source and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _SourceFinder())
+
+
+def c_extension(name: str) -> ModuleType | None:
+    """The hand-written C extension ``name`` (``pgcdc._x`` built from ``_x.c`` beside it), or
+    None where its Python reference must run instead: not built (no C compiler at install),
+    ``PGCDC_PURE_PYTHON`` set, or (in a source checkout) its C source changed after its build."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return None
+    source = _PACKAGE.parent.joinpath(*name.split(".")).with_suffix(".c")
+    if is_stale(source, Path(module.__file__ or "")):
+        warnings.warn(
+            f"pgcdc: {source.name} changed after its build; running its Python reference "
+            "(slower). Rebuild with `pip install -e .` (or scripts/setup).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return module

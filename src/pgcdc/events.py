@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any, ClassVar, TypeAlias, overload
+from typing import Any, ClassVar, TypeAlias, TypeVar, overload
 
+from pgcdc._native import c_extension
 from pgcdc.lsn import LSN
 
 # Re-exported: rows and their values are part of the event model.
@@ -35,20 +36,45 @@ from pgcdc.tupledata import encode_tuple_data as _encode_values
 from pgcdc.tupledata import read_tuple, trailing_bytes_error
 
 _NCOLS = struct.Struct("!H")
+_T = TypeVar("_T")
 
 
-def field_setters(cls: type) -> tuple[Any, ...]:
-    """The slot setters of a frozen, slotted dataclass, in field order.
+def _python_builder(cls: type[_T], names: tuple[str, ...]) -> Callable[..., _T]:
+    """``builder``'s reference: ``object.__new__(cls)``, then each slot's setter."""
+    setters = tuple(cls.__dict__[name].__set__ for name in names)
+    new = object.__new__
+
+    def build(*values: Any) -> _T:
+        if len(values) != len(setters):
+            raise TypeError(f"a {cls.__name__} takes {len(setters)} values, got {len(values)}")
+        made = new(cls)
+        for setter, value in zip(setters, values, strict=True):
+            setter(made, value)
+        return made
+
+    return build
+
+
+_slotted = c_extension("pgcdc._slotted")
+
+
+def builder(cls: type[_T], names: Sequence[str] | None = None) -> Callable[..., _T]:
+    """A function making an instance of the slotted class ``cls`` from one value per slot in
+    ``names`` (default: its dataclass fields, in order), without ``cls.__init__``.
 
     The generated ``__init__`` of a frozen dataclass sets each field through
     ``object.__setattr__``, which costs more than reading the whole row; hot paths build
-    events and transactions with these setters on ``object.__new__(cls)`` instead. Only for
-    classes without ``__post_init__``, so the constructor does nothing else that would be
-    skipped; the hot paths set every field.
+    events and transactions with a builder instead. Only for classes without
+    ``__post_init__``, so the constructor does nothing else that would be skipped. In C
+    (``_slotted.c``: one call, where setters take one each) wherever it is built;
+    ``_python_builder`` is the reference (``tests/test_events.py`` holds them equal).
     """
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} validates in __post_init__: build it with its constructor")
-    return tuple(cls.__dict__[field.name].__set__ for field in fields(cls))
+    slots = tuple(names) if names is not None else tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    if _slotted is None:
+        return _python_builder(cls, slots)
+    return _slotted.Builder(cls, slots)  # type: ignore[no-any-return]
 
 
 def encode_tuple_data(row: Sequence[RawValue]) -> bytes:
@@ -156,6 +182,9 @@ Row: TypeAlias = Sequence[RawValue]
 
 # The row of a change the server sent without one (a DELETE under REPLICA IDENTITY NOTHING).
 EMPTY_ROW = EncodedRow.from_values(())
+# ``new_encoded_row(data, None)``: an EncodedRow over TupleData bytes already framed by its
+# maker, without ``__init__``'s check (its values decoded on first use).
+new_encoded_row: Callable[[bytes, None], EncodedRow] = builder(EncodedRow, ("_data", "_values"))
 """A tuple of raw values or an ``EncodedRow``."""
 
 

@@ -9,17 +9,11 @@ its build (``tests/test_pgtime.py`` checks the two agree).
 
 from __future__ import annotations
 
-import importlib
-import logging
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, tzinfo
-from pathlib import Path
 from typing import Final
 
-from pgcdc._native import PURE_PYTHON_ENV, is_stale
-
-log = logging.getLogger(__name__)
+from pgcdc._native import c_extension
 
 FromMicros = Callable[..., datetime]
 
@@ -36,19 +30,8 @@ def _from_micros(micros: int, zone: tzinfo | None = UTC) -> datetime:
 
 def native_from_micros() -> FromMicros | None:
     """``_pgtime.from_micros``, or None where the reference must run instead."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        return None
-    try:
-        module = importlib.import_module("pgcdc._pgtime")
-    except ImportError:  # built without a C compiler (PGCDC_PURE_PYTHON=1 at install)
-        return None
-    if is_stale(Path(__file__).with_name("_pgtime.c"), Path(module.__file__ or "")):
-        log.warning(
-            "pgcdc/_pgtime.c changed after its build: timestamps are converted in Python "
-            "until you run `pip install -e .` again"
-        )
-        return None
-    return module.from_micros  # type: ignore[no-any-return]
+    module = c_extension("pgcdc._pgtime")
+    return None if module is None else module.from_micros
 
 
 from_micros: Final[FromMicros] = native_from_micros() or _from_micros

@@ -71,7 +71,6 @@ from pgcdc.events import (
     Begin,
     Column,
     Delete,
-    EncodedRow,
     Event,
     Insert,
     Relation,
@@ -80,8 +79,9 @@ from pgcdc.events import (
     Table,
     Truncate,
     Update,
+    builder,
     encode_tuple_data,
-    field_setters,
+    new_encoded_row,
 )
 from pgcdc.lsn import LSN
 from pgcdc.receiver import DEFAULT_SESSION_SETTINGS, session_options, while_slot_busy
@@ -476,28 +476,17 @@ def parse_copy_text_row(line: bytes | bytearray | memoryview, width: int) -> Row
 
 # --- COPY binary format ----------------------------------------------------------------------
 
-_new_object = object.__new__
-_set_row_data = EncodedRow.__dict__["_data"].__set__
-_set_row_values = EncodedRow.__dict__["_values"].__set__
-_INSERT_SETTERS = field_setters(Insert)
+_new_insert = builder(Insert)
 
 
 def inserts(lsn: LSN, table: Table, rows: Sequence[bytes]) -> list[Event]:
-    """An ``Insert`` of each TupleData row, as an ``EncodedRow``, built through slot setters:
-    the constructors would cost more than splicing the row did."""
-    set_lsn, set_table, set_new, set_xid = _INSERT_SETTERS
+    """An ``Insert`` of each TupleData row, as an ``EncodedRow``, built without their
+    ``__init__`` (``events.builder``): the constructors would cost more than splicing the row
+    did."""
     events: list[Event] = []
     append = events.append
     for data in rows:
-        row = _new_object(EncodedRow)
-        _set_row_data(row, data)
-        _set_row_values(row, None)
-        event = _new_object(Insert)
-        set_lsn(event, lsn)
-        set_table(event, table)
-        set_new(event, row)
-        set_xid(event, None)
-        append(event)
+        append(_new_insert(lsn, table, new_encoded_row(data, None), None))
     return events
 
 

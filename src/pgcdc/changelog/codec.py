@@ -42,6 +42,7 @@ from pgcdc.events import (
     Unchanged,
     Update,
     encode_tuple_data,
+    new_encoded_row,
 )
 from pgcdc.lsn import LSN
 from pgcdc.transactions import CommittedTransaction, TransactionOutcome
@@ -1016,10 +1017,6 @@ def encode(transactions: Iterable[CommittedTransaction]) -> pa.RecordBatch:
 
 # --- decoding --------------------------------------------------------------------------------
 
-_encoded_data: Final = EncodedRow.__dict__["_data"].__set__
-_encoded_values: Final = EncodedRow.__dict__["_values"].__set__
-_new_object: Final = object.__new__
-
 
 def _decode_rows(column: pa.Array) -> list[Row | None]:
     """The logged rows as ``EncodedRow``s over their TupleData bytes (decoded on use)."""
@@ -1031,10 +1028,7 @@ def _decode_rows(column: pa.Array) -> list[Row | None]:
             continue
         if len(data) < 2:
             raise CorruptChangeLog(f"a logged row of {len(data)} bytes has no column count")
-        row = _new_object(EncodedRow)
-        _encoded_data(row, data)
-        _encoded_values(row, None)
-        append(row)
+        append(new_encoded_row(data, None))
     return rows
 
 

@@ -16,10 +16,8 @@ instead, which give the same batches, or raise the same typed errors, in message
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +28,17 @@ from pgcdc.decoding.arrow import DEFAULT_OPTIONS, ArrowOptions, framed_to_arrow,
 from pgcdc.decoding.pgoutput import PgOutputDecoder
 from pgcdc.decoding.values import TypeRegistry, Types, registry_for
 from pgcdc.errors import DecodeError
-from pgcdc.events import Delete, EncodedRow, Event, Insert, Row, Table, Update
+from pgcdc.events import (
+    Delete,
+    EncodedRow,
+    Event,
+    Insert,
+    Row,
+    Table,
+    Update,
+    builder,
+    new_encoded_row,
+)
 from pgcdc.lsn import LSN
 from pgcdc.tupledata import KIND_NULL
 
@@ -320,29 +328,15 @@ class _Run:
             strict=True,
         ):
             table = tables[table_number]
-            row = _encoded(data[start:end])
+            row = _encoded(data[start:end], None)
+            event: Event
             if op == _INSERT:
-                event: Event = _new_object(Insert)
-                _insert_lsn(event, lsns[index])
-                _insert_table(event, table)
-                _insert_new(event, row)
-                _insert_xid(event, xid)
+                event = _new_insert(lsns[index], table, row, xid)
             elif op == _DELETE:
-                event = _new_object(Delete)
-                _delete_lsn(event, lsns[index])
-                _delete_table(event, table)
-                _delete_old(event, row)
-                _delete_old_is_key(event, marker == _KEY)
-                _delete_xid(event, xid)
+                event = _new_delete(lsns[index], table, row, marker == _KEY, xid)
             else:
-                old, new = (row, _encoded(data[second:limit])) if second >= 0 else (None, row)
-                event = _new_object(Update)
-                _update_lsn(event, lsns[index])
-                _update_table(event, table)
-                _update_new(event, new)
-                _update_old(event, old)
-                _update_old_is_key(event, marker == _KEY)
-                _update_xid(event, xid)
+                old, new = (row, _encoded(data[second:limit], None)) if second >= 0 else (None, row)
+                event = _new_update(lsns[index], table, new, old, marker == _KEY, xid)
             append(event)
         return out
 
@@ -356,27 +350,10 @@ _Read = tuple[
     columnar.Framing | None,  # the new tuple of the updates with two
 ]
 
-_new_object = object.__new__
-_encoded_data = EncodedRow.__dict__["_data"].__set__
-_encoded_values = EncodedRow.__dict__["_values"].__set__
-
-
-def _encoded(data: bytes) -> EncodedRow:
-    row: EncodedRow = _new_object(EncodedRow)
-    _encoded_data(row, data)
-    _encoded_values(row, None)
-    return row
-
-
-def _setters(cls: type) -> tuple[Any, ...]:
-    return tuple(cls.__dict__[field.name].__set__ for field in dataclasses.fields(cls))
-
-
-_insert_lsn, _insert_table, _insert_new, _insert_xid = _setters(Insert)
-_update_lsn, _update_table, _update_new, _update_old, _update_old_is_key, _update_xid = _setters(
-    Update
-)
-_delete_lsn, _delete_table, _delete_old, _delete_old_is_key, _delete_xid = _setters(Delete)
+_encoded = new_encoded_row
+_new_insert = builder(Insert)
+_new_update = builder(Update)
+_new_delete = builder(Delete)
 
 
 def decode_many(

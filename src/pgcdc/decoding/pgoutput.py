@@ -33,7 +33,6 @@ from pgcdc.events import (
     Commit,
     CommitPrepared,
     Delete,
-    EncodedRow,
     Event,
     Insert,
     Message,
@@ -52,7 +51,8 @@ from pgcdc.events import (
     Truncate,
     Type,
     Update,
-    field_setters,
+    builder,
+    new_encoded_row,
 )
 from pgcdc.lsn import LSN
 from pgcdc.pgtime import from_micros
@@ -118,14 +118,14 @@ _NAMES: Final = {
 _REPLICA_IDENTITY: Final = {ord(r.value): r for r in ReplicaIdentity}
 
 
-_new_object: Final = object.__new__
-
-
-_INSERT_SETTERS: Final = field_setters(Insert)
-_UPDATE_SETTERS: Final = field_setters(Update)
-_DELETE_SETTERS: Final = field_setters(Delete)
-_BEGIN_SETTERS: Final = field_setters(Begin)
-_COMMIT_SETTERS: Final = field_setters(Commit)
+# The events and rows of the hot messages, made without their __init__ (see events.builder):
+# each takes its fields' values in field order.
+_new_insert: Final = builder(Insert)
+_new_update: Final = builder(Update)
+_new_delete: Final = builder(Delete)
+_new_begin: Final = builder(Begin)
+_new_commit: Final = builder(Commit)
+_new_row: Final = new_encoded_row
 
 
 # PostgreSQL TimestampTz (microseconds since 2000-01-01 UTC) as an aware datetime: every
@@ -143,10 +143,6 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     if end < 0:
         raise DecodeError("a string field has no terminating NUL byte")
     return buf[pos:end].decode(), end + 1
-
-
-_encoded_data: Final = EncodedRow.__dict__["_data"].__set__
-_encoded_values: Final = EncodedRow.__dict__["_values"].__set__
 
 
 def _u16(buf: bytes, pos: int) -> int:
@@ -384,10 +380,7 @@ class PgOutputDecoder:
         rows' consumer."""
         _check_width(buf, pos, table)
         end = tuple_end(buf, pos)
-        row: Row = _new_object(EncodedRow)
-        _encoded_data(row, buf[pos:end])
-        _encoded_values(row, None)
-        return row, end
+        return _new_row(buf[pos:end], None), end
 
     @staticmethod
     def _last_row(buf: bytes, pos: int, table: Table) -> Row:
@@ -395,10 +388,7 @@ class PgOutputDecoder:
         to the end, not walked (bytes after the row read as trailing bytes of it), its column
         count checked."""
         _check_width(buf, pos, table)
-        row: Row = _new_object(EncodedRow)
-        _encoded_data(row, buf[pos:])
-        _encoded_values(row, None)
-        return row
+        return _new_row(buf[pos:], None)
 
     # --- transaction boundaries --------------------------------------------------------------
 
@@ -434,30 +424,13 @@ class PgOutputDecoder:
 
     def _begin(self, buf: bytes, lsn: LSN) -> Event:
         final_lsn, commit_time, xid = self.begin_fields(buf)
-        # Begin(lsn, xid, final_lsn, commit_time), built as _insert builds.
-        event = _new_object(Begin)
-        set_lsn, set_xid, set_final, set_time, set_csn, set_first, set_user = _BEGIN_SETTERS
-        set_lsn(event, lsn)
-        set_xid(event, xid)
-        set_final(event, _int_new(LSN, final_lsn))
-        set_time(event, commit_time)
-        set_csn(event, None)
-        set_first(event, None)
-        set_user(event, None)
-        return event
+        # Begin(lsn, xid, final_lsn, commit_time): csn, first_lsn and user None.
+        return _new_begin(lsn, xid, _int_new(LSN, final_lsn), commit_time, None, None, None)
 
     def _commit(self, buf: bytes, lsn: LSN) -> Event:
         flags, commit_lsn, end_lsn, commit_time = self.commit_fields(buf)
         # Commit(lsn, commit_lsn, end_lsn, commit_time, flags=flags).
-        event = _new_object(Commit)
-        set_lsn, set_commit, set_end, set_time, set_xid, set_flags = _COMMIT_SETTERS
-        set_lsn(event, lsn)
-        set_commit(event, commit_lsn)
-        set_end(event, end_lsn)
-        set_time(event, commit_time)
-        set_xid(event, None)
-        set_flags(event, flags)
-        return event
+        return _new_commit(lsn, commit_lsn, end_lsn, commit_time, None, flags)
 
     def _origin(self, buf: bytes, lsn: LSN) -> Event:
         (origin_lsn,) = _LSN(buf, 1)
@@ -531,16 +504,7 @@ class PgOutputDecoder:
             raise DecodeError(f"expected 'N' (new tuple), got {chr(buf[pos + 4])!r}")
         pos += 5
         _check_width(buf, pos, table)
-        row = _new_object(EncodedRow)
-        _encoded_data(row, buf[pos:])
-        _encoded_values(row, None)
-        event = _new_object(Insert)
-        set_lsn, set_table, set_new, set_xid = _INSERT_SETTERS
-        set_lsn(event, lsn)
-        set_table(event, table)
-        set_new(event, row)
-        set_xid(event, xid)
-        return event
+        return _new_insert(lsn, table, _new_row(buf[pos:], None), xid)
 
     def _update(self, buf: bytes, lsn: LSN) -> Event:
         # Frequent in OLTP: _stream_xid, and _last_row for the new row alone, are inlined here.
@@ -558,9 +522,7 @@ class PgOutputDecoder:
         new: Row
         if kind == _NEW:
             _check_width(buf, pos, table)
-            new = _new_object(EncodedRow)
-            _encoded_data(new, buf[pos:])
-            _encoded_values(new, None)
+            new = _new_row(buf[pos:], None)
         elif kind in (_KEY, _OLD):
             old, pos = self._row(buf, pos, table)
             new_marker = buf[pos]
@@ -570,15 +532,7 @@ class PgOutputDecoder:
             new = self._last_row(buf, pos, table)
         else:
             raise DecodeError(f"expected 'K', 'O' or 'N', got {chr(kind)!r}")
-        event = _new_object(Update)
-        set_lsn, set_table, set_new, set_old, set_old_is_key, set_xid = _UPDATE_SETTERS
-        set_lsn(event, lsn)
-        set_table(event, table)
-        set_new(event, new)
-        set_old(event, old)
-        set_old_is_key(event, kind == _KEY)
-        set_xid(event, xid)
-        return event
+        return _new_update(lsn, table, new, old, kind == _KEY, xid)
 
     def _delete(self, buf: bytes, lsn: LSN) -> Event:
         xid, pos = self._stream_xid(buf)
@@ -588,14 +542,7 @@ class PgOutputDecoder:
         if kind not in (_KEY, _OLD):
             raise DecodeError(f"expected 'K' (old key) or 'O' (old row), got {chr(kind)!r}")
         old = self._last_row(buf, pos + 5, table)
-        event = _new_object(Delete)
-        set_lsn, set_table, set_old, set_old_is_key, set_xid = _DELETE_SETTERS
-        set_lsn(event, lsn)
-        set_table(event, table)
-        set_old(event, old)
-        set_old_is_key(event, kind == _KEY)
-        set_xid(event, xid)
-        return event
+        return _new_delete(lsn, table, old, kind == _KEY, xid)
 
     def _truncate(self, buf: bytes, lsn: LSN) -> Event:
         xid, pos = self._stream_xid(buf)

@@ -66,7 +66,7 @@ from pgcdc.events import (
     Truncate,
     Type,
     Update,
-    field_setters,
+    builder,
 )
 from pgcdc.lsn import INVALID_LSN, LSN
 from pgcdc.transactions.model import CommittedTransaction, TransactionOutcome
@@ -78,10 +78,9 @@ _CONTENT_TYPES: Final = (Insert, Update, Delete, Truncate, Message)
 _ROW_TYPES: Final = frozenset((Insert, Update, Delete))
 _CATALOG_TYPES: Final = (Relation, Type)
 _NOTHING: Final[tuple[CommittedTransaction, ...]] = ()
-# Every emitted transaction is built with these (see pgcdc.events.field_setters): the frozen
+# Every emitted transaction is built with this (see pgcdc.events.builder): the frozen
 # dataclass's own __init__ would cost more than the rest of a one-change transaction's emit.
-_COMMITTED_SETTERS: Final = field_setters(CommittedTransaction)
-_new_object: Final = object.__new__
+_new_committed: Final = builder(CommittedTransaction)
 _COMMIT_OUTCOME: Final = TransactionOutcome.COMMIT
 
 
@@ -99,30 +98,9 @@ def _committed(
     size: int,
 ) -> CommittedTransaction:
     """``CommittedTransaction(...)`` without its ``__init__``."""
-    committed = _new_object(CommittedTransaction)
-    (
-        set_xid,
-        set_commit,
-        set_end,
-        set_time,
-        set_events,
-        set_origin,
-        set_origin_lsn,
-        set_gid,
-        set_outcome,
-        set_size,
-    ) = _COMMITTED_SETTERS
-    set_xid(committed, xid)
-    set_commit(committed, commit_lsn)
-    set_end(committed, end_lsn)
-    set_time(committed, commit_time)
-    set_events(committed, events)
-    set_origin(committed, origin)
-    set_origin_lsn(committed, origin_lsn)
-    set_gid(committed, gid)
-    set_outcome(committed, outcome)
-    set_size(committed, size)
-    return committed
+    return _new_committed(
+        xid, commit_lsn, end_lsn, commit_time, events, origin, origin_lsn, gid, outcome, size
+    )
 
 
 def _is_catalog(event: Event) -> bool:
