@@ -497,6 +497,29 @@ def test_read_many_gathers_messages_once_the_stream_has_caught_up(db, table):
         assert repl.identify_system().dbname == db.name
 
 
+def test_read_many_does_not_pause_in_a_backlog_of_wide_rows(db, table):
+    """A read takes what libpq's buffer holds: with wide rows, fewer messages than a batch
+    while the socket holds more. Such a batch is no sign of a caught-up stream, so no pause
+    follows it (one pause a read drained 36 s where pg_recvlogical took 1 s, bench/oltp.py's
+    mix shape); the pause comes once the socket is empty."""
+    slot = logical_slot(db)
+    db.execute("INSERT INTO t SELECT g, repeat(md5(g::text), 256) FROM generate_series(1, 400) g")
+    with ReplicationConnection.connect(db.conninfo()) as repl:
+        stream = repl.start_replication(slot, coalesce=1.0)
+        started = time.monotonic()
+        rows = 0
+        committed = False
+        # 3.3 MB in reads of libpq's buffer: hundreds of short batches, each a second's pause
+        # before the fix (30 rows in 30 s); read at once after it (the bound is far from both).
+        while not committed:
+            assert time.monotonic() - started < PATIENCE / 2, f"only {rows} of 400 rows read"
+            for _, text in _lines(stream.read_many(timeout=5.0, limit=1000)):
+                rows += text.startswith("table ")
+                committed = committed or text.startswith("COMMIT")
+        assert rows == 400
+        stream.stop()
+
+
 def test_read_many_gives_what_came_before_a_bad_message_first(db, table):
     slot = logical_slot(db)
     db.execute("INSERT INTO t VALUES (1, 'small')")

@@ -52,7 +52,15 @@ from pgcdc.connection.protocol import (
     standby_status_update,
 )
 from pgcdc.connection.server_errors import translate
-from pgcdc.connection.waiting import READ, WRITE, PQGen, SyncWaiter, held_to, run_async
+from pgcdc.connection.waiting import (
+    READ,
+    WRITE,
+    PQGen,
+    SyncWaiter,
+    held_to,
+    readable_now,
+    run_async,
+)
 from pgcdc.lsn import INVALID_LSN, LSN
 
 T = TypeVar("T")
@@ -63,7 +71,9 @@ DEFAULT_STATUS_INTERVAL: Final = 10.0  # seconds, as pg_recvlogical
 # collector's young generation rarely fills (1024 costs ~20% more CPU than 64 in profiles).
 DEFAULT_BATCH: Final = 64
 # read_many's coalescing (``coalesce`` of start_replication): after a batch that was not full
-# (the stream has caught up with the server), the next call first waits that many seconds, so
+# and left nothing on the socket (the stream has caught up with the server; in a backlog a read
+# often holds fewer messages than a batch, wide rows filling libpq's buffer, while the socket
+# holds more), the next call first waits that many seconds, so
 # the server's next messages come in one batch and one wakeup rather than a wakeup (the
 # client's, and on the server the walsender's send that wakes it) per message. The default, 0,
 # reads eagerly, as pg_recvlogical does; the receiver chooses its own (pgcdc.receiver).
@@ -673,8 +683,9 @@ def _checked_coalesce(coalesce: float) -> float:
 
 
 class _StreamBase:
-    def __init__(self, core: _StreamCore, coalesce: float) -> None:
+    def __init__(self, core: _StreamCore, fileno: int, coalesce: float) -> None:
         self._core = core
+        self._fileno = fileno
         self._coalesce = coalesce
         self._next_read = 0.0  # monotonic time before which read_many waits (see DEFAULT_COALESCE)
 
@@ -692,7 +703,7 @@ class _StreamBase:
     def _taken(
         self, messages: list[XLogData | PrimaryKeepalive], limit: int
     ) -> list[XLogData | PrimaryKeepalive]:
-        if self._coalesce and 0 < len(messages) < limit:
+        if self._coalesce and 0 < len(messages) < limit and not readable_now(self._fileno):
             self._next_read = self._core.clock() + self._coalesce
         return messages
 
@@ -723,7 +734,7 @@ class ReplicationStream(_StreamBase):
     """A running START_REPLICATION: iterate for XLogData, or read() to see keepalives too."""
 
     def __init__(self, core: _StreamCore, waiter: SyncWaiter, coalesce: float) -> None:
-        super().__init__(core, coalesce)
+        super().__init__(core, waiter.fileno, coalesce)
         self._waiter = waiter
 
     def read(self, timeout: float | None = None) -> XLogData | PrimaryKeepalive | None:
@@ -783,8 +794,7 @@ class AsyncReplicationStream(_StreamBase):
     """The asyncio twin of ReplicationStream (same generators, driven by the event loop)."""
 
     def __init__(self, core: _StreamCore, fileno: int, coalesce: float) -> None:
-        super().__init__(core, coalesce)
-        self._fileno = fileno
+        super().__init__(core, fileno, coalesce)
 
     async def read(self, timeout: float | None = None) -> XLogData | PrimaryKeepalive | None:
         message = self._core.poll()

@@ -10,6 +10,7 @@ asyncio connection share one implementation (the design of psycopg 3's generator
 from __future__ import annotations
 
 import asyncio
+import select
 import selectors
 from collections.abc import Callable, Generator
 from typing import TypeAlias, TypeVar
@@ -48,6 +49,13 @@ def held_to(
         return result
 
 
+def readable_now(fileno: int) -> bool:
+    """Whether the socket ``fileno`` has bytes to read at once (a poll that does not wait)."""
+    poller = select.poll()
+    poller.register(fileno, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class SyncWaiter:
     """Drives generators with a selector kept for the life of the connection's socket."""
 
@@ -55,6 +63,10 @@ class SyncWaiter:
         self._fileno = fileno
         self._selector = selectors.DefaultSelector()
         self._events = 0
+
+    @property
+    def fileno(self) -> int:
+        return self._fileno
 
     def run(self, gen: PQGen[T]) -> T:
         try:
