@@ -179,13 +179,13 @@ class EncodedRow(Sequence[RawValue]):
 
 
 Row: TypeAlias = Sequence[RawValue]
+"""A tuple of raw values or an ``EncodedRow``."""
 
 # The row of a change the server sent without one (a DELETE under REPLICA IDENTITY NOTHING).
 EMPTY_ROW = EncodedRow.from_values(())
 # ``new_encoded_row(data, None)``: an EncodedRow over TupleData bytes already framed by its
 # maker, without ``__init__``'s check (its values decoded on first use).
 new_encoded_row: Callable[[bytes, None], EncodedRow] = builder(EncodedRow, ("_data", "_values"))
-"""A tuple of raw values or an ``EncodedRow``."""
 
 
 class ReplicaIdentity(enum.Enum):

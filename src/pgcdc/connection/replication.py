@@ -71,12 +71,13 @@ DEFAULT_STATUS_INTERVAL: Final = 10.0  # seconds, as pg_recvlogical
 # collector's young generation rarely fills (1024 costs ~20% more CPU than 64 in profiles).
 DEFAULT_BATCH: Final = 64
 # read_many's coalescing (``coalesce`` of start_replication): after a batch that was not full
-# and left nothing on the socket (the stream has caught up with the server; in a backlog a read
-# often holds fewer messages than a batch, wide rows filling libpq's buffer, while the socket
-# holds more), the next call first waits that many seconds, so
-# the server's next messages come in one batch and one wakeup rather than a wakeup (the
-# client's, and on the server the walsender's send that wakes it) per message. The default, 0,
-# reads eagerly, as pg_recvlogical does; the receiver chooses its own (pgcdc.receiver).
+# and left the socket empty (the stream has caught up with the server), the next call first
+# waits that many seconds, so the server's next messages come in one batch and one wakeup rather
+# than a wakeup (the client's, and on the server the walsender's send that wakes it) per
+# message. A short batch alone does not say the stream caught up: in a backlog of wide rows one
+# read of libpq's buffer holds fewer messages than a batch while the socket holds more. The
+# default, 0, reads eagerly, as pg_recvlogical does; the receiver chooses its own
+# (pgcdc.receiver).
 DEFAULT_COALESCE: Final = 0.0
 _XLOG_DATA: Final = ord("w")
 
