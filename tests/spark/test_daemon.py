@@ -61,6 +61,40 @@ def test_workers_of_a_pgcdc_session_import_the_installed_pyspark() -> None:
     assert found == {(pyspark.__file__, True)}
 
 
+def test_python_processes_of_a_local_session_leave_spark_cores_jar_off_their_path() -> None:
+    """pyspark's package holds no Python in spark-core's jar, so the jar is not on the path of
+    the workers or of the planning processes (each read its directory of thousands of classes
+    at start and at every task's ``importlib.invalidate_caches()``)."""
+    from pyspark.sql.datasource import DataSource
+
+    class JarsOnThePath(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "jars_on_the_path"
+
+        def schema(self) -> str:
+            import sys as planner_sys
+
+            jars = [p for p in planner_sys.path if p.endswith(".jar")]
+            return f"`{json.dumps(jars)}` string"
+
+    spark = spark_session("local[1]", "pgcdc-jar-off-the-path-test")
+    try:
+
+        def jars(_: int) -> list[str]:
+            import sys as worker_sys
+
+            return [p for p in worker_sys.path if p.endswith(".jar")]
+
+        in_workers = spark.sparkContext.parallelize([0, 1], 2).flatMap(jars).collect()
+        spark.dataSource.register(JarsOnThePath)
+        in_planning = spark.read.format("jars_on_the_path").load().columns
+    finally:
+        spark.stop()
+    assert in_workers == []
+    assert in_planning == ["[]"]
+
+
 def _python_path_through(script: Path, python_path: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if python_path is not None:

@@ -1,5 +1,6 @@
 """The interpreter a local Spark session starts for its Python processes: this one, behind a
-small shell script that takes Spark's pyspark/py4j zips off ``PYTHONPATH``.
+small shell script that takes Spark's pyspark/py4j zips (and spark-core's jar, when it holds
+no Python) off ``PYTHONPATH``.
 
 ``spark.python.daemon.module`` (``pgcdc.spark.daemon``) only reaches the workers that run tasks.
 A streaming query also starts processes of its own, each once per query: the data source
@@ -7,9 +8,11 @@ lookup, its creation, read planning and the streaming source runner. Each compil
 the zip, CPU a local pipeline's receiver needs. Spark builds their ``PYTHONPATH`` itself, zips
 first, so the only place left to change it is the executable named by ``PYSPARK_PYTHON``. The
 zips are dropped only when the installed pyspark is the zip's version (``installed_instead``),
-and only on POSIX, where a script can stand in for an interpreter. The script then asks the
-driver's fork server (``pgcdc.spark.fork_server``) for the process, so that none of them starts
-an interpreter and imports pyspark at all.
+and only on POSIX, where a script can stand in for an interpreter. The jar, a zip of some six
+thousand classes, went on the path for deployments that ship pyspark inside it; Python read its
+directory in every process and again at every task's ``importlib.invalidate_caches()``. The
+script then asks the driver's fork server (``pgcdc.spark.fork_server``) for the process, so
+that none of them starts an interpreter and imports pyspark at all.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -45,13 +49,28 @@ def spark_zips() -> list[str]:
     return sorted(str(p) for p in (spark_home() / "python" / "lib").glob("*.zip"))
 
 
-def wrapper_script(python: str, zips: list[str], fork_socket: str | None = None) -> str:
-    """A POSIX shell script that runs ``python`` with every entry in ``zips`` removed from
+@functools.cache
+def off_the_path() -> list[str]:
+    """What the wrapper takes off ``PYTHONPATH``: Spark's zips, and spark-core's jars that
+    hold no Python module."""
+    return [*spark_zips(), *(jar for jar in _spark_core_jars() if not _holds_python(jar))]
+
+
+def _holds_python(archive: str) -> bool:
+    try:
+        with zipfile.ZipFile(archive) as opened:
+            return any(name.endswith((".py", ".pyc")) for name in opened.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return True  # unreadable here: leave it as Spark put it
+
+
+def wrapper_script(python: str, dropped: list[str], fork_socket: str | None = None) -> str:
+    """A POSIX shell script that runs ``python`` with every entry in ``dropped`` removed from
     ``PYTHONPATH`` (the other entries keep their order), and pgcdc's streaming source runner
     in place of pyspark's (``pgcdc.spark.source_runner``: the same runner, without a traceback
     when Spark stops it). While a fork server listens on ``fork_socket``, the process is asked
     of it (``pgcdc.spark.fork_client``)."""
-    patterns = "|".join(shlex.quote(z) for z in zips)
+    patterns = "|".join(shlex.quote(entry) for entry in dropped)
     runner = shlex.quote(source_runner.PYSPARK_MODULE)
     python = shlex.quote(python)
     forked = ""
@@ -93,7 +112,8 @@ def worker_python() -> str:
     folder = tempfile.mkdtemp(prefix="pgcdc-spark-python-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     script = Path(folder) / "python"
-    script.write_text(wrapper_script(sys.executable, zips, str(Path(folder) / _FORK_SOCKET)))
+    socket = str(Path(folder) / _FORK_SOCKET)
+    script.write_text(wrapper_script(sys.executable, off_the_path(), socket))
     script.chmod(0o700)
     return str(script)
 
@@ -145,11 +165,11 @@ def worker_environment(settings: Mapping[str, str]) -> dict[str, str]:
     wrapper script passes it on (Spark's zips off ``PYTHONPATH``), up to the variables it sets
     per process (``fork_server.RUNTIME_PREFIXES``)."""
     env = dict(os.environ)
-    zips = set(spark_zips())
-    kept = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry not in zips]
     # Spark's PYTHONPATH: its zips, the jar of spark-core (for deployments that ship pyspark in
-    # it), then the JVM's own PYTHONPATH.
-    env["PYTHONPATH"] = os.pathsep.join([*_spark_core_jars(), *kept])
+    # it), then the JVM's own PYTHONPATH; the wrapper takes off what off_the_path() names.
+    spark_path = [*spark_zips(), *_spark_core_jars(), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    dropped = set(off_the_path())
+    env["PYTHONPATH"] = os.pathsep.join(e for e in spark_path if e and e not in dropped)
     env["PYTHONHASHSEED"] = env.get("PYTHONHASHSEED", "0")  # pyspark's SparkContext sets it so
     env["PYTHONUNBUFFERED"] = "YES"  # as Spark's PythonWorkerFactory sets it
     env.setdefault("OMP_NUM_THREADS", "1")  # as Spark sets it for a task's worker
