@@ -51,6 +51,7 @@ import math
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 import tomllib
@@ -120,6 +121,8 @@ log = logging.getLogger(__name__)
 # How often the pipeline's receiver makes the change log durable: the data source reads only
 # durable transactions, so at low rates this is part of every change's commit-to-visible time.
 RECEIVER_FLUSH_SECONDS = 0.25
+# A --once run's trigger interval at most: its query waits only for the receiver's end.
+ONCE_POLL = 0.25
 SNAPSHOT_MODES = ("initial", "never")
 WRITES_MODES = ("auto", "driver", "executors")
 SNAPSHOT_PLACES = ("auto", "executors", "receiver")
@@ -992,18 +995,28 @@ def run(
         stack.callback(receiver.stop)
         if spark is None:
             spark = stack.enter_context(_session(settings))
-        # Spark starts and writes while the receiver is still logging: with --once too, so
-        # the query's start-up and first batches overlap the receiving.
+        # The query starts while the receiver is still logging. With --once it takes no
+        # partial batch until the receiver is done (the source's holdUntil: a file made then),
+        # so its start-up overlaps the receiving but the backlog lands in as few batches as
+        # the limits allow, and it looks often, as its only wait is for that file.
+        config = settings.pipeline()
+        hold_until = None
+        if once:
+            hold_until = os.path.join(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="pgcdc-once-")), "logged"
+            )
+            config = replace(config, trigger_interval=min(config.trigger_interval, ONCE_POLL))
         gate = _spark().BatchGate()
-        query = _spark().start(spark, settings.pipeline(), gate=gate)
+        query = _spark().start(spark, config, gate=gate, hold_until=hold_until)
         try:
             while not stop.is_set():
                 if receiver.error is not None or not query.isActive:
                     break
-                if once and not receiver.is_alive():
-                    # Everything up to end_lsn is logged: drain it, then stop.
+                if hold_until is not None and not receiver.is_alive():
+                    # Everything up to end_lsn is logged: land it, then stop.
+                    Path(hold_until).touch()
                     try:
-                        query.processAllAvailable()
+                        _spark().land_everything_logged(query, config)
                     except Exception:
                         if query.exception() is None:
                             raise

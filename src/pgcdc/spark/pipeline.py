@@ -28,13 +28,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgcdc.changelog import ChangeLog
 from pgcdc.decoding.state import table_from_dict
 from pgcdc.errors import CheckpointUnavailable, PipelineQueryError, SinkError
+from pgcdc.lsn import LSN
 from pgcdc.sinks import DeltaSink, SinkKind, TableSpec, WriteResult
 from pgcdc.sinks.kinds import DEFAULT_COMPACT_FILES, parse_kinds
 from pgcdc.spark import class_archive
 from pgcdc.spark.local_python import choose_python, start_fork_server
-from pgcdc.spark.source import PgcdcDataSource, read_ipc, spec_for
+from pgcdc.spark.source import PgcdcDataSource, offset_lsn, read_ipc, spec_for
 from pgcdc.storage import StorageOptions
 
 log = logging.getLogger(__name__)
@@ -386,8 +388,11 @@ def start(
     *,
     available_now: bool = False,
     gate: BatchGate | None = None,
+    hold_until: str | None = None,
 ) -> Any:
-    """Start the streaming query; returns the ``StreamingQuery``. Batches pass ``gate``."""
+    """Start the streaming query; returns the ``StreamingQuery``. Batches pass ``gate``;
+    ``hold_until``: the source's option of that name (no partial batch until that file is
+    there)."""
     gate = gate or BatchGate()
     logging.getLogger("py4j.clientserver").addFilter(_not_a_refusal)
     _drop_leftovers_of_a_cut_first_batch(spark, config)
@@ -402,6 +407,8 @@ def start(
         reader = reader.option("maxChangesPerBatch", str(config.max_changes_per_batch))
     if config.max_bytes_per_batch is not None:
         reader = reader.option("maxBytesPerBatch", str(config.max_bytes_per_batch))
+    if hold_until is not None:
+        reader = reader.option("holdUntil", hold_until)
     sink = make_sink(config)
 
     def apply(frame: Any, batch_id: int) -> None:
@@ -452,6 +459,29 @@ def start(
             f"the streaming query could not start: {_spark_reason(exc)} "
             f"(checkpoint {config.checkpoint}, change log {config.changelog})"
         ) from exc
+
+
+def land_everything_logged(query: Any, config: PipelineConfig) -> None:
+    """Return once ``query`` has written everything the change log holds now (or ended).
+    ``processAllAvailable`` alone may return on a trigger that looked at the log before its
+    last transactions were there, so the query's offset is checked against the log's end."""
+    segments = ChangeLog(config.changelog, storage=config.storage).segments()
+    logged = segments[-1].last_commit_lsn if segments else LSN(0)
+    while query.isActive:
+        query.processAllAvailable()
+        if _query_end(query) >= logged:
+            return
+
+
+def _query_end(query: Any) -> LSN:
+    """The end offset of the query's last trigger (LSN 0 before the first)."""
+    progress = query.lastProgress
+    if progress is None or not progress.sources:
+        return LSN(0)
+    end = progress.sources[0]["endOffset"]
+    if end is None:
+        return LSN(0)
+    return offset_lsn(json.loads(end) if isinstance(end, str) else end)
 
 
 def _collect(frame: Any, batch_id: int) -> pa.Table:

@@ -18,6 +18,10 @@ Options:
 ``maxChangesPerBatch``    read limit in log rows (``ReadMaxRows``); transactions stay whole
 ``maxBytesPerBatch``      read limit in change bytes (``ReadMaxBytes``); transactions stay whole
 ``rowsPerPartition``      split a segment into tasks of about this many log rows (100000)
+``holdUntil``             a path on the driver: until a file is there, a micro-batch is taken
+                          only when the read limits fill it (``pipeline run --once`` creates it
+                          when its receiver has logged everything, so the backlog lands in as
+                          few batches as the limits allow)
 ``decimal``/``temporal``  ``pgcdc.decoding.arrow.ArrowOptions``
 ``storage.<key>``         how to reach an ``s3://`` log (``pgcdc.storage.StorageOptions`` keys,
                           such as ``storage.aws_endpoint_url``); executors get them with their
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -166,6 +171,7 @@ class Settings:
     arrow: ArrowOptions
     partition_rows: int = DEFAULT_PARTITION_ROWS
     storage: StorageOptions = field(default_factory=StorageOptions)
+    hold_until: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Settings:
@@ -203,6 +209,7 @@ class Settings:
             arrow=arrow,
             partition_rows=_int_option(options, "rowsPerPartition") or DEFAULT_PARTITION_ROWS,
             storage=StorageOptions.from_spark_options(options),
+            hold_until=options.get("holdUntil") or None,
         )
 
 
@@ -602,6 +609,7 @@ class PgcdcStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailabl
     def __init__(self, settings: Settings, schema: pa.Schema | None) -> None:
         super().__init__(settings, schema)
         self.pinned_end: LSN | None = settings.ending_lsn
+        self._held = settings.hold_until is not None
 
     def initialOffset(self) -> dict[str, str]:  # noqa: N802 - Spark's name
         if self.settings.starting_lsn is not None:
@@ -627,20 +635,31 @@ class PgcdcStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailabl
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:  # noqa: N802
         low = offset_lsn(start)
-        high = self.pinned_end if self.pinned_end is not None else self._available()
-        high = LSN(max(high, low))
         max_rows = self.settings.max_rows
         max_bytes = self.settings.max_bytes
         if isinstance(limit, ReadMaxRows):
             max_rows = min(max_rows or limit.max_rows, limit.max_rows)
         elif isinstance(limit, ReadMaxBytes):
             max_bytes = min(max_bytes or limit.max_bytes, limit.max_bytes)
-        if high == low or (max_rows is None and max_bytes is None):
+        limited = max_rows is not None or max_bytes is not None
+        if self._held and os.path.exists(self.settings.hold_until or ""):
+            self._held = False
+        if self._held and not limited:
+            return offset(low)
+        high = self.pinned_end if self.pinned_end is not None else self._available()
+        high = LSN(max(high, low))
+        if high == low or not limited:
             return offset(high)
-        return offset(self._limited(low, high, max_rows, max_bytes))
+        end, full = self._limited(low, high, max_rows, max_bytes)
+        # Held, only a batch the limits fill: a partial one would soon be followed by more,
+        # each paying Spark's and Delta's fixed costs on cores the receiver needs.
+        return offset(end if full or not self._held else low)
 
-    def _limited(self, low: LSN, high: LSN, max_rows: int | None, max_bytes: int | None) -> LSN:
-        """The last commit LSN in (low, high] within the limits; at least one transaction."""
+    def _limited(
+        self, low: LSN, high: LSN, max_rows: int | None, max_bytes: int | None
+    ) -> tuple[LSN, bool]:
+        """The last commit LSN in (low, high] within the limits (at least one transaction), and
+        whether a limit ended the batch there (rather than what the log holds)."""
         rows = size = 0
         end = low
         for info in self.log.segments():
@@ -657,9 +676,9 @@ class PgcdcStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailabl
                     max_bytes is not None and size > max_bytes
                 )
                 if over and end > low:
-                    return end
+                    return end, True
                 end = LSN(commit)
-        return end
+        return end, False
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[SegmentPartition]:
         return self.plan(int(offset_lsn(start)) + 1, int(offset_lsn(end)))
