@@ -1,8 +1,8 @@
 """The Spark pipeline end to end on real servers (PG15, PG18) and a real local SparkSession:
 a randomized workload over five tables, received by ``pipeline.run`` (the receiver process on
 a walsender), streamed through ``format("pgcdc")`` into Delta, and compared with the source
-(mirrors row for row, histories at sampled LSNs, changelogs exactly once, op for op); and the
-data source's batch and streaming reads."""
+(mirrors row for row, histories at sampled LSNs, changelogs exactly once, op for op); the
+data source's batch and streaming reads; and a ``--once`` run's backlog landed in one batch."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from .helpers import (
     assert_lake_matches,
     column_names,
     drain,
+    lake_path,
     prepare_source,
     source_state,
 )
@@ -150,3 +151,41 @@ def test_batch_and_streaming_reads_of_the_data_source(
     assert log.consumers.acknowledged("limited") > commits[0]
     oldest = log.segments()[0].first_commit_lsn
     assert oldest is not None and oldest > commits[0]
+
+
+def test_a_once_run_lands_a_backlog_in_one_batch(db: Database, tmp_path: Path, spark: Any) -> None:
+    """``pipeline.run(once=True)`` with no batch limit takes no batch while its receiver logs
+    the backlog (the source's ``holdUntil``), so every table is written once: one Delta version
+    after its creation, holding every change. Without the hold the query, which looks every
+    0.25 s, takes part of the backlog while the receiver is still logging it."""
+    from deltalake import DeltaTable
+
+    from pgcdc.sinks import SinkKind
+
+    settings = pipeline.Settings(
+        conninfo=db.conninfo(),
+        slot=PIPELINE_SLOT,
+        publications=(PUBLICATION,),
+        create_slot=False,
+        snapshot="never",
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        kinds=(SinkKind.CHANGELOG, SinkKind.MIRROR),
+        master="local[2]",
+    )
+    with db.connect() as conn:
+        prepare_source(conn, slots=(PIPELINE_SLOT,))
+        for n in range(300):  # some 1.5 s of receiving: more than the query needs to start
+            conn.execute(
+                "INSERT INTO orders SELECT 'r', g, %s "
+                "FROM generate_series(%s::bigint, %s::bigint) g",
+                (n, n * 1000, n * 1000 + 999),
+            )
+            conn.commit()
+    pipeline.run(settings, once=True, spark=spark)
+    for kind in (SinkKind.CHANGELOG, SinkKind.MIRROR):
+        table = DeltaTable(lake_path(tmp_path / "lake", "public.orders", kind))
+        writes = [h for h in table.history() if h["operation"] != "CREATE TABLE"]
+        assert len(writes) == 1, (kind, [h["operation"] for h in table.history()])
+        assert table.to_pyarrow_table().num_rows == 300_000
