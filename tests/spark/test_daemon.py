@@ -20,7 +20,7 @@ from typing import Any
 import pyspark
 import pytest
 
-from pgcdc.spark.daemon import installed_instead
+from pgcdc.spark.daemon import installed_instead, without_class_jars
 from pgcdc.spark.local_python import choose_python, worker_python, wrapper_script
 from pgcdc.spark.pipeline import spark_session
 from pgcdc.spark.source_runner import PYSPARK_MODULE, closed_by_spark
@@ -41,6 +41,39 @@ def test_the_zips_stay_for_another_pyspark_version(tmp_path: Path) -> None:
         archive.writestr("pyspark/version.py", '__version__: str = "0.0.1"\n')
     path = [str(other), *REST]
     assert installed_instead(path) is path
+
+
+def test_jars_of_classes_leave_the_path_and_jars_with_python_stay(tmp_path: Path) -> None:
+    classes, shipped = tmp_path / "classes.jar", tmp_path / "shipped.jar"
+    with zipfile.ZipFile(classes, "w") as archive:
+        archive.writestr("org/apache/spark/SparkContext.class", b"\xca\xfe\xba\xbe")
+    with zipfile.ZipFile(shipped, "w") as archive:
+        archive.writestr("pyspark/__init__.py", "")
+    path = [str(classes), *REST, str(shipped)]
+    assert without_class_jars(path) == [*REST, str(shipped)]
+    assert without_class_jars(REST) is REST
+    spark_core = sorted((Path(pyspark.__file__).parent / "jars").glob("spark-core_*.jar"))
+    assert spark_core and without_class_jars([str(spark_core[0]), *REST]) == REST
+
+
+def test_workers_started_by_the_daemon_alone_leave_spark_cores_jar_off_their_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on a cluster, where no wrapper script stands in for the interpreter: the daemon
+    (``spark.python.daemon.module``) takes the jar off the path of the workers it forks."""
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # kept as the user's choice
+    spark = spark_session("local[1]", "pgcdc-daemon-jar-test")
+    try:
+
+        def jars(_: int) -> list[str]:
+            import sys as worker_sys
+
+            return [p for p in worker_sys.path if p.endswith(".jar")]
+
+        found = spark.sparkContext.parallelize([0, 1], 2).flatMap(jars).collect()
+    finally:
+        spark.stop()
+    assert found == []
 
 
 def test_workers_of_a_pgcdc_session_import_the_installed_pyspark() -> None:

@@ -6,8 +6,10 @@ from a zip keeps compiled bytecode, so each new worker compiled pyspark from sou
 0.6 s of CPU on the shared 2-core machine, per process), and every task's
 ``importlib.invalidate_caches()`` re-read the zip's index. When the same pyspark version is
 installed (a pip-installed pyspark: the common case), the zips leave the path here before
-anything imports pyspark; otherwise nothing changes. The daemon also imports pgcdc's read
-path once for all the workers it forks.
+anything imports pyspark; otherwise nothing changes. Spark-core's jar, also on the path, goes
+too when it holds no Python: each worker read the directory of its six thousand classes again
+at every task's ``importlib.invalidate_caches()``. The daemon also imports pgcdc's read path
+once for all the workers it forks.
 """
 
 from __future__ import annotations
@@ -59,8 +61,24 @@ def installed_instead(path: list[str]) -> list[str]:
     return rest
 
 
+def holds_python(archive: str) -> bool:
+    """Whether a zip (or jar) on the path holds a Python module; unreadable ones count as if."""
+    try:
+        with zipfile.ZipFile(archive) as opened:
+            return any(name.endswith((".py", ".pyc")) for name in opened.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return True
+
+
+def without_class_jars(path: list[str]) -> list[str]:
+    """``path`` without the jars that hold no Python (Spark puts spark-core's there, for
+    deployments that ship pyspark inside it); ``path`` itself when there are none."""
+    jars = [p for p in path if p.endswith(".jar") and not holds_python(p)]
+    return [p for p in path if p not in jars] if jars else path
+
+
 def main() -> None:
-    cleaned = installed_instead(sys.path)
+    cleaned = without_class_jars(installed_instead(sys.path))
     if cleaned is not sys.path:
         for entry in set(sys.path) - set(cleaned):
             sys.path_importer_cache.pop(entry, None)

@@ -24,12 +24,11 @@ import shlex
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from pgcdc.spark import fork_client, fork_server, source_runner
-from pgcdc.spark.daemon import installed_instead
+from pgcdc.spark.daemon import holds_python, installed_instead
 
 
 def spark_home() -> Path:
@@ -53,15 +52,7 @@ def spark_zips() -> list[str]:
 def off_the_path() -> list[str]:
     """What the wrapper takes off ``PYTHONPATH``: Spark's zips, and spark-core's jars that
     hold no Python module."""
-    return [*spark_zips(), *(jar for jar in _spark_core_jars() if not _holds_python(jar))]
-
-
-def _holds_python(archive: str) -> bool:
-    try:
-        with zipfile.ZipFile(archive) as opened:
-            return any(name.endswith((".py", ".pyc")) for name in opened.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return True  # unreadable here: leave it as Spark put it
+    return [*spark_zips(), *(jar for jar in _spark_core_jars() if not holds_python(jar))]
 
 
 def wrapper_script(python: str, dropped: list[str], fork_socket: str | None = None) -> str:
