@@ -36,7 +36,7 @@ Example ``pipeline.toml`` (every key optional except the conninfo, see docs/pipe
     master = "local[*]"
     writes = "auto"               # Delta writes in "executors" or on the "driver" (auto: the
                                   # driver for a local master, executors for a cluster)
-    trigger_interval = 5.0
+    trigger_interval = 5.0        # seconds between batches (with --once: 0.25 at most)
     max_changes_per_batch = 200000
     stop_timeout = 60.0           # on a stop, seconds the batch being written may take to finish
                                   # before it is interrupted (then replayed on the next start)
