@@ -31,6 +31,22 @@ from .helpers import (
 PIPELINE_SLOT = "pipeline"
 
 
+def _settings(db: Database, tmp_path: Path, **changes: Any) -> pipeline.Settings:
+    """``pipeline.run``'s settings for a slot the test created, without a snapshot."""
+    return pipeline.Settings(
+        conninfo=db.conninfo(),
+        slot=PIPELINE_SLOT,
+        publications=(PUBLICATION,),
+        create_slot=False,
+        snapshot="never",
+        changelog=str(tmp_path / "log"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        master="local[2]",
+        **changes,
+    )
+
+
 def test_random_workload_mirrors_histories_and_changelogs_match_the_source(
     db: Database, tmp_path: Path, spark: Any
 ) -> None:
@@ -38,19 +54,7 @@ def test_random_workload_mirrors_histories_and_changelogs_match_the_source(
     second slot, read through the SQL interface, says which changes each commit made."""
     reference = ChangeLog(tmp_path / "reference")
     lake = tmp_path / "lake"
-    settings = pipeline.Settings(
-        conninfo=db.conninfo(),
-        slot=PIPELINE_SLOT,
-        publications=(PUBLICATION,),
-        create_slot=False,
-        snapshot="never",
-        changelog=str(tmp_path / "log"),
-        lake=str(lake),
-        checkpoint=str(tmp_path / "checkpoint"),
-        master="local[2]",
-        trigger_interval=0.5,
-        max_changes_per_batch=400,
-    )
+    settings = _settings(db, tmp_path, trigger_interval=0.5, max_changes_per_batch=400)
     workload = Workload(random.Random(db.major))
     transactions = []
     with db.connect() as conn:
@@ -162,18 +166,7 @@ def test_a_once_run_lands_a_backlog_in_one_batch(db: Database, tmp_path: Path, s
 
     from pgcdc.sinks import SinkKind
 
-    settings = pipeline.Settings(
-        conninfo=db.conninfo(),
-        slot=PIPELINE_SLOT,
-        publications=(PUBLICATION,),
-        create_slot=False,
-        snapshot="never",
-        changelog=str(tmp_path / "log"),
-        lake=str(tmp_path / "lake"),
-        checkpoint=str(tmp_path / "checkpoint"),
-        kinds=(SinkKind.CHANGELOG, SinkKind.MIRROR),
-        master="local[2]",
-    )
+    settings = _settings(db, tmp_path, kinds=(SinkKind.CHANGELOG, SinkKind.MIRROR))
     with db.connect() as conn:
         prepare_source(conn, slots=(PIPELINE_SLOT,))
         for n in range(300):  # some 1.5 s of receiving: more than the query needs to start
