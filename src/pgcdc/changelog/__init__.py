@@ -62,6 +62,11 @@ class ChangeLog:
         )
         return [i for i in infos if i.first_commit_lsn is not None]
 
+    def last_commit_lsn(self) -> LSN:
+        """The commit LSN of the newest transaction in the log (LSN 0 when it holds none)."""
+        segments = self.segments()
+        return segments[-1].last_commit_lsn if segments else LSN(0)
+
     def read_segment(
         self, path: str, from_lsn: int | None = None, to_lsn: int | None = None
     ) -> Iterator[pa.RecordBatch]:

@@ -465,8 +465,7 @@ def land_everything_logged(query: Any, config: PipelineConfig) -> None:
     """Return once ``query`` has written everything the change log holds now (or ended).
     ``processAllAvailable`` alone may return on a trigger that looked at the log before its
     last transactions were there, so the query's offset is checked against the log's end."""
-    segments = ChangeLog(config.changelog, storage=config.storage).segments()
-    logged = segments[-1].last_commit_lsn if segments else LSN(0)
+    logged = ChangeLog(config.changelog, storage=config.storage).last_commit_lsn()
     while query.isActive:
         query.processAllAvailable()
         if _query_end(query) >= logged:

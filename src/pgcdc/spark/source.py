@@ -627,8 +627,7 @@ class PgcdcStreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailabl
         self.pinned_end = self._available()
 
     def _available(self) -> LSN:
-        segments = self.log.segments()
-        last = segments[-1].last_commit_lsn if segments else LSN(0)
+        last = self.log.last_commit_lsn()
         if self.settings.ending_lsn is not None:
             last = min(last, self.settings.ending_lsn)
         return LSN(last)
