@@ -56,6 +56,17 @@ def test_jars_of_classes_leave_the_path_and_jars_with_python_stay(tmp_path: Path
     assert spark_core and without_class_jars([str(spark_core[0]), *REST]) == REST
 
 
+def _jars_on_the_workers_path(spark: Any) -> list[str]:
+    """The jars on ``sys.path`` of the Python workers two tasks ran in."""
+
+    def jars(_: int) -> list[str]:
+        import sys as worker_sys
+
+        return [p for p in worker_sys.path if p.endswith(".jar")]
+
+    return list(spark.sparkContext.parallelize([0, 1], 2).flatMap(jars).collect())
+
+
 def test_workers_started_by_the_daemon_alone_leave_spark_cores_jar_off_their_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -64,13 +75,7 @@ def test_workers_started_by_the_daemon_alone_leave_spark_cores_jar_off_their_pat
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # kept as the user's choice
     spark = spark_session("local[1]", "pgcdc-daemon-jar-test")
     try:
-
-        def jars(_: int) -> list[str]:
-            import sys as worker_sys
-
-            return [p for p in worker_sys.path if p.endswith(".jar")]
-
-        found = spark.sparkContext.parallelize([0, 1], 2).flatMap(jars).collect()
+        found = _jars_on_the_workers_path(spark)
     finally:
         spark.stop()
     assert found == []
@@ -113,13 +118,7 @@ def test_python_processes_of_a_local_session_leave_spark_cores_jar_off_their_pat
 
     spark = spark_session("local[1]", "pgcdc-jar-off-the-path-test")
     try:
-
-        def jars(_: int) -> list[str]:
-            import sys as worker_sys
-
-            return [p for p in worker_sys.path if p.endswith(".jar")]
-
-        in_workers = spark.sparkContext.parallelize([0, 1], 2).flatMap(jars).collect()
+        in_workers = _jars_on_the_workers_path(spark)
         spark.dataSource.register(JarsOnThePath)
         in_planning = spark.read.format("jars_on_the_path").load().columns
     finally:

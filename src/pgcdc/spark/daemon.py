@@ -61,7 +61,7 @@ def installed_instead(path: list[str]) -> list[str]:
     return rest
 
 
-def holds_python(archive: str) -> bool:
+def _holds_python(archive: str) -> bool:
     """Whether a zip (or jar) on the path holds a Python module; unreadable ones count as if."""
     try:
         with zipfile.ZipFile(archive) as opened:
@@ -70,10 +70,15 @@ def holds_python(archive: str) -> bool:
         return True
 
 
+def class_jars(path: list[str]) -> list[str]:
+    """The jars on ``path`` that hold no Python (Spark puts spark-core's there, for deployments
+    that ship pyspark inside it)."""
+    return [p for p in path if p.endswith(".jar") and not _holds_python(p)]
+
+
 def without_class_jars(path: list[str]) -> list[str]:
-    """``path`` without the jars that hold no Python (Spark puts spark-core's there, for
-    deployments that ship pyspark inside it); ``path`` itself when there are none."""
-    jars = [p for p in path if p.endswith(".jar") and not holds_python(p)]
+    """``path`` without its ``class_jars``; ``path`` itself when there are none."""
+    jars = class_jars(path)
     return [p for p in path if p not in jars] if jars else path
 
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pgcdc.spark import fork_client, fork_server, source_runner
-from pgcdc.spark.daemon import holds_python, installed_instead
+from pgcdc.spark.daemon import class_jars, installed_instead
 
 
 def spark_home() -> Path:
@@ -52,7 +52,7 @@ def spark_zips() -> list[str]:
 def off_the_path() -> list[str]:
     """What the wrapper takes off ``PYTHONPATH``: Spark's zips, and spark-core's jars that
     hold no Python module."""
-    return [*spark_zips(), *(jar for jar in _spark_core_jars() if not holds_python(jar))]
+    return [*spark_zips(), *class_jars(_spark_core_jars())]
 
 
 def wrapper_script(python: str, dropped: list[str], fork_socket: str | None = None) -> str:
