@@ -24,8 +24,10 @@ from .helpers import (
     column_names,
     drain,
     lake_path,
+    mirror_rows,
     prepare_source,
     source_state,
+    table_rows,
 )
 
 PIPELINE_SLOT = "pipeline"
@@ -176,9 +178,11 @@ def test_a_once_run_lands_a_backlog_in_one_batch(db: Database, tmp_path: Path, s
                 (n, n * 1000, n * 1000 + 999),
             )
             conn.commit()
+        columns, source = table_rows(conn, "public.orders")
     pipeline.run(settings, once=True, spark=spark)
     for kind in (SinkKind.CHANGELOG, SinkKind.MIRROR):
         table = DeltaTable(lake_path(tmp_path / "lake", "public.orders", kind))
         writes = [h for h in table.history() if h["operation"] != "CREATE TABLE"]
         assert len(writes) == 1, (kind, [h["operation"] for h in table.history()])
         assert table.to_pyarrow_table().num_rows == 300_000
+    assert mirror_rows(tmp_path / "lake", "public.orders", columns) == source
